@@ -1,0 +1,161 @@
+#!/usr/bin/env python
+"""Training-step throughput of the NumPy engine vs PyTorch CPU, side by side.
+
+One training step = forward + backward + SGD-momentum update of the reference
+CNN at batch 64 (configurable), for 64x64x3 and 32x32x3 inputs, at 1 and 2
+BLAS threads. Each (engine, size, threads) measurement runs in its own
+subprocess (so peak RSS is per engine) and the engines alternate, repeated
+--reps times, so machine noise hits both alike; medians are reported. Also
+prints achieved GFLOP/s (FLOPs counted from the layer shapes) against sgemm
+measured in the same run at the same thread count.
+
+Usage: python benchmarks/bench_step.py [--reps 3] [--steps 10] [--json out.json]
+Needs the 'bench' extra (torch==2.13.0, CPU build) for the PyTorch column.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _worker(engine, size, threads, batch, steps, warmup):
+    """Runs in a subprocess: prints one JSON line with img/s and peak RSS."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+    from ibtmpi.model import Model
+    from ibtmpi.optim import SGD
+    threadpool_limits(threads)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 3, size, size), dtype=np.float32)
+    y = rng.integers(0, 5, batch)
+    model = Model("reference", (3, size, size), 5, seed=0)
+    if engine == "ours":
+        opt = SGD(model.params, lr=0.01, momentum=0.9, weight_decay=5e-4)
+
+        def step():
+            model.loss_and_grad(x, y)
+            opt.step(model.grads)
+    else:
+        import torch
+        torch.set_num_threads(threads)
+        nn = torch.nn
+        c = size // 8
+        net = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(128 * c * c, 256), nn.ReLU(),
+            nn.Linear(256, 5))
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9,
+                              weight_decay=5e-4)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            nn.functional.cross_entropy(net(tx), ty).backward()
+            opt.step()
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dt = time.perf_counter() - t0
+    print(json.dumps({
+        "img_s": batch * steps / dt,
+        "flops_per_img": model.train_flops_per_sample(),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }))
+
+
+def _sgemm(threads, n=1024, reps=5):
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    b = a.copy()
+    with threadpool_limits(threads):
+        a @ b
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def _run(engine, size, threads, args):
+    cmd = [sys.executable, __file__, "--worker", engine, str(size),
+           str(threads), str(args.batch), str(args.steps), str(args.warmup)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--sizes", default="64,32")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        e, s, t, b, n, w = args.worker
+        return _worker(e, int(s), int(t), int(b), int(n), int(w))
+    engines = ["ours"] if args.no_torch else ["ours", "torch"]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    threads = [int(t) for t in args.threads.split(",")]
+    sgemm = {t: _sgemm(t) for t in threads}
+    rows = []
+    for size in sizes:
+        for t in threads:
+            res = {e: [] for e in engines}
+            for _ in range(args.reps):
+                for e in engines:      # alternate: noise hits both alike
+                    res[e].append(_run(e, size, t, args))
+            row = {"size": size, "threads": t, "batch": args.batch,
+                   "sgemm_gflops": sgemm[t]}
+            for e in engines:
+                row[e + "_img_s"] = statistics.median(r["img_s"] for r in res[e])
+                row[e + "_rss_mib"] = max(r["peak_rss_mib"] for r in res[e])
+            fl = res["ours"][0]["flops_per_img"]
+            row["gflops"] = row["ours_img_s"] * fl / 1e9
+            row["sgemm_share"] = row["gflops"] / sgemm[t]
+            if "torch" in engines:
+                row["ratio"] = row["ours_img_s"] / row["torch_img_s"]
+            rows.append(row)
+            print(_fmt(row, "torch" in engines), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "python": sys.version.split()[0]}, f,
+                      indent=1)
+
+
+_header_printed = False
+
+
+def _fmt(r, torch):
+    global _header_printed
+    head = ""
+    if not _header_printed:
+        _header_printed = True
+        head = ("| input | threads | ours img/s | torch img/s | ours/torch | "
+                "GFLOP/s | sgemm GFLOP/s | share | ours RSS MiB | torch RSS MiB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n")
+    t = (f"{r['torch_img_s']:.1f} | {r['ratio']:.2f}" if torch else "- | -")
+    tr = f"{r['torch_rss_mib']:.0f}" if torch else "-"
+    return (head + f"| {r['size']}x{r['size']}x3 | {r['threads']} | "
+            f"{r['ours_img_s']:.1f} | {t} | {r['gflops']:.1f} | "
+            f"{r['sgemm_gflops']:.1f} | {r['sgemm_share']:.0%} | "
+            f"{r['ours_rss_mib']:.0f} | {tr} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""A sequential CNN built from a layer list, with ALL parameters in one flat
+vector and all gradients in another.
+
+``Model.params`` (P,) and ``Model.grads`` (P,) are contiguous; each layer
+holds views into them (weight then bias, layer by layer), so optimizers,
+the consensus algorithms and MPI each see one buffer. Input is NCHW float.
+Tests: tests/unit/test_model.py (flat gradient vs finite differences,
+determinism, training reaches a stated accuracy).
+
+Layer specs (config ``model.layers``) are dicts or bare names:
+``{type="conv", out=32, k=3, stride=1, pad=1}``, ``"relu"``,
+``{type="maxpool", k=2, stride=2}``, ``"flatten"``,
+``{type="linear", out=256}`` (``out`` omitted = number of classes),
+``{type="dropout", p=0.5}``. Presets: ``reference`` (the paper-style CNN),
+``softmax`` (linear-only softmax regression), ``tiny`` (for tests).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import ops
+from .layers import Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, he_std
+
+PRESETS = {
+    # conv3x3(3->32)+relu+pool2, conv3x3(32->64)+relu+pool2,
+    # conv3x3(64->128)+relu+pool2, linear(->256)+relu, linear(256->C)
+    "reference": [
+        {"type": "conv", "out": 32, "k": 3, "pad": 1}, "relu",
+        {"type": "maxpool", "k": 2},
+        {"type": "conv", "out": 64, "k": 3, "pad": 1}, "relu",
+        {"type": "maxpool", "k": 2},
+        {"type": "conv", "out": 128, "k": 3, "pad": 1}, "relu",
+        {"type": "maxpool", "k": 2},
+        "flatten", {"type": "linear", "out": 256}, "relu",
+        {"type": "linear"},
+    ],
+    "softmax": ["flatten", {"type": "linear"}],
+    "tiny": [
+        {"type": "conv", "out": 4, "k": 3, "pad": 1}, "relu",
+        {"type": "maxpool", "k": 2},
+        "flatten", {"type": "linear", "out": 8}, "relu",
+        {"type": "linear"},
+    ],
+}
+
+_LAYER_KEYS = {
+    "conv": {"out", "k", "stride", "pad"},
+    "maxpool": {"k", "stride"},
+    "relu": set(), "flatten": set(),
+    "linear": {"out"},
+    "dropout": {"p"},
+}
+
+
+def _spec_entry(entry, idx):
+    if isinstance(entry, str):
+        entry = {"type": entry}
+    if not isinstance(entry, dict) or "type" not in entry:
+        raise ValueError(f"model.layers[{idx}]: expected a name or a table "
+                         f"with a 'type', got {entry!r}")
+    kind = entry["type"]
+    if kind not in _LAYER_KEYS:
+        raise ValueError(f"model.layers[{idx}]: unknown layer type {kind!r}; "
+                         f"known: {', '.join(sorted(_LAYER_KEYS))}")
+    extra = set(entry) - _LAYER_KEYS[kind] - {"type"}
+    if extra:
+        raise ValueError(f"model.layers[{idx}] ({kind}): unknown key(s) "
+                         f"{sorted(extra)}; allowed: {sorted(_LAYER_KEYS[kind])}")
+    return kind, entry
+
+
+def _commute_relu_pool(spec):
+    """relu -> maxpool runs as maxpool -> relu: both are monotone, so the
+    outputs and gradients are identical (ReLU's gradient at 0 is 0 in both
+    orders), and the ReLU then touches k*k times fewer elements."""
+    out = list(spec)
+    for i in range(len(out) - 1):
+        a, b = out[i], out[i + 1]
+        a_t = a if isinstance(a, str) else a.get("type")
+        b_t = b if isinstance(b, str) else b.get("type")
+        if a_t == "relu" and b_t == "maxpool":
+            out[i], out[i + 1] = b, a
+    return out
+
+
+def build_layers(spec, input_shape, n_classes):
+    """Instantiate layers from a spec list; returns (layers, shapes)."""
+    if isinstance(spec, str):
+        if spec not in PRESETS:
+            raise ValueError(f"unknown model preset {spec!r}; "
+                             f"known: {', '.join(PRESETS)}")
+        spec = PRESETS[spec]
+    if not isinstance(spec, (list, tuple)) or not spec:
+        raise ValueError("model.layers must be a preset name or a non-empty list")
+    spec = _commute_relu_pool(spec)
+    shape = tuple(int(s) for s in input_shape)
+    layers, shapes = [], [shape]
+    for idx, entry in enumerate(spec):
+        kind, e = _spec_entry(entry, idx)
+        if kind == "conv":
+            if len(shape) != 3:
+                raise ValueError(f"model.layers[{idx}]: conv needs (C, H, W) "
+                                 f"input, got {shape}")
+            k = int(e.get("k", 3))
+            layer = Conv2d(shape[0], int(e["out"]), k, int(e.get("stride", 1)),
+                           int(e["pad"]) if "pad" in e else None)
+        elif kind == "maxpool":
+            layer = MaxPool2d(int(e.get("k", 2)),
+                              int(e["stride"]) if "stride" in e else None)
+        elif kind == "relu":
+            layer = ReLU()
+            layer.inplace = idx > 0
+        elif kind == "flatten":
+            layer = Flatten()
+        elif kind == "linear":
+            if len(shape) != 1:
+                layers.append(Flatten())   # implicit flatten before linear
+                shape = Flatten().out_shape(shape)
+                shapes.append(shape)
+            out = e.get("out", n_classes)
+            layer = Linear(shape[0], n_classes if out == "classes" else int(out))
+        else:
+            layer = Dropout(float(e.get("p", 0.5)))
+        try:
+            shape = layer.out_shape(shape)
+        except ValueError as err:
+            raise ValueError(f"model.layers[{idx}] ({kind}): {err}") from None
+        layers.append(layer)
+        shapes.append(shape)
+    if shape != (n_classes,):
+        raise ValueError(f"the model's last layer gives {shape}, expected "
+                         f"({n_classes},) logits; end with a linear layer")
+    return layers, shapes
+
+
+class Model:
+    """Sequential CNN over one flat parameter vector.
+
+    input_shape: per-sample (C, H, W); n_classes: logits width.
+    """
+
+    def __init__(self, spec="reference", input_shape=(3, 64, 64), n_classes=5,
+                 dtype=np.float32, seed=0):
+        self.dtype = np.dtype(dtype)
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.n_classes = int(n_classes)
+        self.spec = spec
+        self.layers, self.shapes = build_layers(spec, self.input_shape,
+                                                self.n_classes)
+        sizes = [int(np.prod(s)) for l in self.layers for s in l.param_shapes()]
+        self.size = int(sum(sizes))
+        self.params = np.zeros(self.size, self.dtype)   # (P,)
+        self.grads = np.zeros(self.size, self.dtype)    # (P,)
+        self.slices = []          # (layer index, name, slice) for reporting
+        off = 0
+        for li, layer in enumerate(self.layers):
+            pv, gv = [], []
+            for name, s in zip(("weight", "bias"), layer.param_shapes()):
+                n = int(np.prod(s))
+                pv.append(self.params[off:off + n].reshape(s))
+                gv.append(self.grads[off:off + n].reshape(s))
+                self.slices.append((li, name, slice(off, off + n)))
+                off += n
+            layer.bind(pv, gv)
+        self.init(seed)
+
+    # -- parameters -------------------------------------------------------
+    def init(self, seed):
+        """He-normal weights (std sqrt(2/fan_in)), zero biases; bitwise
+        reproducible for a given seed and dtype."""
+        rng = np.random.default_rng(seed)
+        for li, layer in enumerate(self.layers):
+            if not layer.param_shapes():
+                continue
+            w, b = layer.params
+            w[...] = rng.standard_normal(w.shape, dtype=np.float64).astype(
+                self.dtype) * self.dtype.type(he_std(layer))
+            b[...] = 0
+        for layer in self.layers:
+            if isinstance(layer, Dropout):
+                layer.rng = np.random.default_rng([seed, 1])
+
+    def set_dropout_seed(self, seed):
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, Dropout):
+                layer.rng = np.random.default_rng([seed, i])
+
+    def summary(self):
+        lines = []
+        for layer, shape in zip(self.layers, self.shapes[1:]):
+            n = sum(int(np.prod(s)) for s in layer.param_shapes())
+            lines.append(f"  {layer.describe():<40} -> {str(shape):<16} {n:>10,d}")
+        lines.append(f"  total parameters: {self.size:,d} "
+                     f"({self.size * self.dtype.itemsize / 2**20:.1f} MiB)")
+        return "\n".join(lines)
+
+    def train_flops_per_sample(self):
+        """FLOPs of forward + backward: each GEMM layer costs its forward
+        FLOPs once more for the weight gradient and once more for the input
+        gradient, except the first such layer (no input gradient)."""
+        fwd = [2 * int(np.prod(shape)) * layer.fan_in()
+               if isinstance(layer, Conv2d) else
+               2 * layer.in_features * layer.out_features
+               for layer, shape in zip(self.layers, self.shapes[1:])
+               if isinstance(layer, (Conv2d, Linear))]
+        return 3 * sum(fwd) - (fwd[0] if fwd else 0)
+
+    # -- compute ------------------------------------------------------------
+    def _check_input(self, x):
+        if x.ndim != 4 or tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(f"model expects input (N, {', '.join(map(str, self.input_shape))}),"
+                             f" got {tuple(x.shape)}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"model is {self.dtype}, input is {x.dtype}; "
+                            f"convert explicitly")
+
+    def forward(self, x, train=False):
+        """logits (N, K); valid until the next forward call."""
+        self._check_input(x)
+        for layer in self.layers:
+            x = layer.forward(x, train)
+        return x
+
+    def backward(self, dlogits):
+        """Fills self.grads from dlogits (N, K); no input gradient."""
+        dy = dlogits
+        last = len(self.layers) - 1
+        for i in range(last, -1, -1):
+            dy = self.layers[i].backward(dy, need_dx=i > 0)
+
+    def loss_and_grad(self, x, labels):
+        """One forward+backward on a batch; fills self.grads.
+
+        Returns (mean loss, number of correct predictions)."""
+        logits = self.forward(x, train=True)
+        loss, probs = ops.softmax_xent_forward(logits, labels)
+        correct = int((probs.argmax(axis=1) == labels).sum())
+        self.backward(ops.softmax_xent_backward(probs, labels))
+        return loss, correct
+
+    def evaluate(self, x, labels, batch=256):
+        """Mean loss and accuracy over (x, labels) in batches, no grads."""
+        n = len(labels)
+        loss_sum, correct = 0.0, 0
+        for s in range(0, n, batch):
+            xb, yb = x[s:s + batch], labels[s:s + batch]
+            logits = self.forward(xb, train=False)
+            loss, probs = ops.softmax_xent_forward(logits, yb)
+            loss_sum += loss * len(yb)
+            correct += int((probs.argmax(axis=1) == yb).sum())
+        return loss_sum / max(n, 1), correct / max(n, 1)
+
+    def predict_proba(self, x, batch=256):
+        out = np.empty((len(x), self.n_classes), self.dtype)
+        for s in range(0, len(x), batch):
+            logits = self.forward(x[s:s + batch], train=False)
+            _, out[s:s + batch] = ops.softmax_xent_forward(
+                logits, np.zeros(len(logits), np.int64))
+        return out

@@ -1,0 +1,370 @@
+"""NumPy reference ops of the CNN engine: the CPU backend and the signature
+every CUDA kernel in ``kernels/`` mirrors.
+
+Layout: activations are NCHW, (batch, channels, height, width); conv weights
+are (F, C, kh, kw); linear weights are (out, in) so ``y = x @ W.T + b``.
+Everything is dtype-generic (float32 in training, float64 in the
+finite-difference tests); nothing up-casts silently.
+
+Speed comes from doing ONE large GEMM per conv per pass: ``im2col`` lays the
+patches out as ``col`` (C*kh*kw, N*Ho*Wo), so the forward product
+``W2 (F, CKK) @ col`` covers the whole batch; only the small output
+(F, N, Ho*Wo) is transposed back to NCHW. ``col2im`` scatters by looping
+over the kh*kw kernel offsets with strided slice-adds (never np.add.at).
+
+Callers may pass ``out=``/scratch buffers so a training step allocates
+nothing; ``Workspace`` keeps such buffers keyed by name and shape.
+Reference oracles (naive loops, scipy, finite differences) live in
+tests/unit/test_ops.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+
+class Workspace:
+    """Named scratch buffers reused across steps (no per-step allocation).
+
+    A buffer returned by ``get`` stays valid until ``get`` is called again
+    with the same name; a layer owns the names it uses.
+    """
+
+    def __init__(self):
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, name, shape, dtype, zero=False):
+        shape = tuple(int(s) for s in shape)
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
+            self._bufs[name] = buf
+        elif zero:
+            buf.fill(0)
+        return buf
+
+    def nbytes(self):
+        return sum(b.nbytes for b in self._bufs.values())
+
+
+def _buf(ws, name, shape, dtype, zero=False):
+    if ws is None:
+        return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
+    return ws.get(name, shape, dtype, zero)
+
+
+def is_cnhw(x):
+    """True when x (N, C, H, W) is an NCHW view of a C-contiguous (C, N, H, W)
+    buffer: the physical layout conv produces (see the module docstring)."""
+    return (x.ndim == 4 and not x.flags.c_contiguous
+            and x.transpose(1, 0, 2, 3).flags.c_contiguous)
+
+
+def _buf4(ws, name, shape, dtype, cnhw, zero=False):
+    """(N, C, H, W) buffer, physically (C, N, H, W) when cnhw."""
+    if not cnhw:
+        return _buf(ws, name, shape, dtype, zero)
+    n, c, h, w = shape
+    return _buf(ws, name, (c, n, h, w), dtype, zero).transpose(1, 0, 2, 3)
+
+
+def conv_out_size(size, k, stride, pad):
+    """Output length of a conv/pool along one axis; errors on a bad geometry."""
+    out = (size + 2 * pad - k) // stride + 1
+    if out < 1:
+        raise ValueError(
+            f"kernel {k} with stride {stride} and padding {pad} does not fit "
+            f"an input of size {size}")
+    return out
+
+
+# --------------------------------------------------------------------------
+# im2col / col2im
+# --------------------------------------------------------------------------
+
+def _padded(x, pad, ws=None, name="xpad"):
+    """x (N, C, H, W) -> (N, C, H+2p, W+2p) with zero borders."""
+    if pad == 0:
+        return x
+    n, c, h, w = x.shape
+    # Physically (C, N, Hp, Wp), so the im2col rows read long runs.
+    xp = _buf4(ws, name, (n, c, h + 2 * pad, w + 2 * pad), x.dtype, True)
+    # Only the border strips are zeroed (cheap); the interior is overwritten.
+    xp[:, :, :pad, :] = 0
+    xp[:, :, -pad:, :] = 0
+    xp[:, :, pad:-pad, :pad] = 0
+    xp[:, :, pad:-pad, -pad:] = 0
+    xp[:, :, pad:pad + h, pad:pad + w] = x
+    return xp
+
+
+def im2col(x, kh, kw, stride, pad, out=None, ws=None):
+    """Patches of x (N, C, H, W) as col (C*kh*kw, N*Ho*Wo).
+
+    Row r = (c*kh + i)*kw + j holds x[n, c, ho*s + i - p, wo*s + j - p]
+    at column (n*Ho + ho)*Wo + wo (zero where the index falls in the padding).
+    """
+    n, c, h, w = x.shape
+    ho = conv_out_size(h, kh, stride, pad)
+    wo = conv_out_size(w, kw, stride, pad)
+    xp = _padded(x, pad, ws)
+    sn, sc, sh, sw = xp.strides
+    # View (C, kh, kw, N, Ho, Wo) over the padded input, then one copy.
+    win = as_strided(xp, shape=(c, kh, kw, n, ho, wo),
+                     strides=(sc, sh, sw, sn, sh * stride, sw * stride),
+                     writeable=False)
+    if out is None:
+        out = np.empty((c * kh * kw, n * ho * wo), x.dtype)
+    np.copyto(out.reshape(c, kh, kw, n, ho, wo), win)
+    return out
+
+
+def col2im(col, x_shape, kh, kw, stride, pad, out=None, ws=None):
+    """Adjoint of im2col: col (C*kh*kw, N*Ho*Wo) summed back to (N, C, H, W)."""
+    n, c, h, w = x_shape
+    ho = conv_out_size(h, kh, stride, pad)
+    wo = conv_out_size(w, kw, stride, pad)
+    # Physically (C, N, Hp, Wp) like col's rows, so the adds stream.
+    dxp = _buf4(ws, "dxpad", (n, c, h + 2 * pad, w + 2 * pad), col.dtype,
+                True, zero=True)
+    c6 = col.reshape(c, kh, kw, n, ho, wo)
+    for i in range(kh):
+        for j in range(kw):
+            # Offset (i, j) touches padded rows i, i+s, ..., i+(Ho-1)s.
+            dst = dxp[:, :, i:i + stride * (ho - 1) + 1:stride,
+                      j:j + stride * (wo - 1) + 1:stride]
+            dst += c6[:, i, j].transpose(1, 0, 2, 3)
+    if pad == 0 and out is None:
+        return dxp
+    if out is None:
+        out = _buf4(ws, "dx", x_shape, col.dtype, True)
+    np.copyto(out, dxp[:, :, pad:pad + h, pad:pad + w])
+    return out
+
+
+# --------------------------------------------------------------------------
+# conv2d
+# --------------------------------------------------------------------------
+
+def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None):
+    """y (N, F, Ho, Wo) = conv(x (N, C, H, W), w (F, C, kh, kw)) + b (F,).
+
+    Returns (y, col); col (C*kh*kw, N*Ho*Wo) is what backward needs.
+    """
+    n, c, h, wd = x.shape
+    f, cw, kh, kw = w.shape
+    if cw != c:
+        raise ValueError(f"conv2d: input has {c} channels, weights expect {cw}")
+    ho = conv_out_size(h, kh, stride, pad)
+    wo = conv_out_size(wd, kw, stride, pad)
+    if col is None:
+        col = _buf(ws, "col", (c * kh * kw, n * ho * wo), x.dtype)
+    im2col(x, kh, kw, stride, pad, out=col, ws=ws)
+    y2 = _buf(ws, "y2", (f, n * ho * wo), x.dtype)
+    np.matmul(w.reshape(f, -1), col, out=y2)          # (F, N*Ho*Wo)
+    y2 += b[:, None]
+    y = y2.reshape(f, n, ho, wo).transpose(1, 0, 2, 3)
+    if out is None:
+        # Zero-copy: an NCHW view of the (F, N, Ho, Wo) buffer. Downstream
+        # ops take any strides; conv2d_backward recognises this layout in
+        # dy and skips its transpose.
+        return y, col
+    np.copyto(out, y)
+    return out, col
+
+
+def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
+                    ws=None):
+    """Gradients of conv2d_forward.
+
+    dy (N, F, Ho, Wo), col from forward; writes dw (F, C, kh, kw) and
+    db (F,) in place (overwrites); returns dx (N, C, H, W) or None.
+    """
+    n, f, ho, wo = dy.shape
+    kh, kw = w.shape[2], w.shape[3]
+    dyt = dy.transpose(1, 0, 2, 3)                    # (F, N, Ho, Wo)
+    if dyt.flags.c_contiguous:
+        dy2 = dyt.reshape(f, n * ho * wo)             # no copy needed
+    else:
+        dy2 = _buf(ws, "dy2", (f, n * ho * wo), dy.dtype)
+        np.copyto(dy2.reshape(f, n, ho, wo), dyt)
+    np.sum(dy2, axis=1, out=db)
+    np.matmul(dy2, col.T, out=dw.reshape(f, -1))      # (F, CKK)
+    if not need_dx:
+        return None
+    dcol = _buf(ws, "dcol", col.shape, dy.dtype)
+    np.matmul(w.reshape(f, -1).T, dy2, out=dcol)      # (CKK, N*Ho*Wo)
+    return col2im(dcol, x_shape, kh, kw, stride, pad, ws=ws)
+
+
+# --------------------------------------------------------------------------
+# max-pool
+# --------------------------------------------------------------------------
+
+def maxpool_forward(x, k=2, stride=2, out=None, argmax=None, ws=None):
+    """y (N, C, Ho, Wo) = max over k x k windows of x (N, C, H, W), no padding.
+
+    argmax (N, C, Ho, Wo) uint8 holds the window offset i*k + j of the
+    first maximum in row-major scan order (ties go to the lowest offset);
+    k*k <= 256.
+    """
+    n, c, h, w = x.shape
+    if k * k > 256:
+        raise ValueError(f"max-pool window {k}x{k} is too large (k*k <= 256)")
+    ho = conv_out_size(h, k, stride, 0)
+    wo = conv_out_size(w, k, stride, 0)
+    cnhw = is_cnhw(x)         # outputs keep the input's physical layout
+    if out is None:
+        out = _buf4(ws, "y", (n, c, ho, wo), x.dtype, cnhw)
+    if argmax is None:
+        argmax = _buf4(ws, "argmax", (n, c, ho, wo), np.uint8, cnhw)
+    span_h = stride * (ho - 1) + 1
+    span_w = stride * (wo - 1) + 1
+
+    def view(i, j):   # (N, C, Ho, Wo): element (i, j) of every window
+        return x[:, :, i:i + span_h:stride, j:j + span_w:stride]
+
+    shp = (n, c, ho, wo)
+    if k == 2:
+        # Comparison tree over a=(0,0) b=(0,1) c=(1,0) d=(1,1). Strict '>'
+        # keeps the earlier offset on ties at every level.
+        a, b, cc, d = view(0, 0), view(0, 1), view(1, 0), view(1, 1)
+        m_ab = np.greater(b, a, out=_buf4(ws, "m_ab", shp, np.bool_, cnhw))
+        m_cd = np.greater(d, cc, out=_buf4(ws, "m_cd", shp, np.bool_, cnhw))
+        ab = np.maximum(a, b, out=_buf4(ws, "ab", shp, x.dtype, cnhw))
+        cd = np.maximum(cc, d, out=out)
+        m = np.greater(cd, ab, out=_buf4(ws, "m", shp, np.bool_, cnhw))
+        np.maximum(ab, cd, out=out)
+        # offset = 2*m + (m ? m_cd : m_ab)
+        not_m = np.logical_not(m, out=_buf4(ws, "not_m", shp, np.bool_, cnhw))
+        np.logical_and(not_m, m_ab, out=m_ab)
+        np.logical_and(m, m_cd, out=m_cd)
+        np.logical_or(m_ab, m_cd, out=m_ab)
+        np.left_shift(m.view(np.uint8), 1, out=argmax)
+        argmax += m_ab.view(np.uint8)
+        return out, argmax
+    better = _buf4(ws, "better", shp, np.bool_, cnhw)
+    for i in range(k):
+        for j in range(k):
+            v = view(i, j)
+            if i == 0 and j == 0:
+                np.copyto(out, v)
+                argmax.fill(0)
+                continue
+            np.greater(v, out, out=better)    # strict: first max wins ties
+            np.maximum(out, v, out=out)
+            np.copyto(argmax, i * k + j, where=better)
+    return out, argmax
+
+
+def maxpool_backward(dy, argmax, x_shape, k=2, stride=2, out=None, ws=None):
+    """dx (N, C, H, W): dy routed to the argmax position of each window."""
+    n, c, ho, wo = dy.shape
+    if out is None:
+        out = _buf(ws, "dx", x_shape, dy.dtype)
+    span_h = stride * (ho - 1) + 1
+    span_w = stride * (wo - 1) + 1
+    hit = _buf4(ws, "hit", dy.shape, np.bool_, is_cnhw(argmax))
+    if stride >= k:
+        # Windows do not overlap: each input cell is written at most once,
+        # and exactly once when the windows tile the input.
+        tiles = (stride == k and x_shape[2] == ho * k and x_shape[3] == wo * k)
+        if not tiles:
+            out.fill(0)
+        for i in range(k):
+            for j in range(k):
+                dst = out[:, :, i:i + span_h:stride, j:j + span_w:stride]
+                np.equal(argmax, i * k + j, out=hit)
+                np.multiply(dy, hit, out=dst)
+        return out
+    out.fill(0)
+    for i in range(k):
+        for j in range(k):
+            dst = out[:, :, i:i + span_h:stride, j:j + span_w:stride]
+            np.equal(argmax, i * k + j, out=hit)
+            dst += dy * hit
+    return out
+
+
+# --------------------------------------------------------------------------
+# relu, linear, dropout
+# --------------------------------------------------------------------------
+
+def relu_forward(x, out=None):
+    """y = max(x, 0); out may be x itself (in place)."""
+    return np.maximum(x, 0, out=out)
+
+
+def relu_backward(dy, y, out=None):
+    """dx = dy where y > 0, else 0 (y is the forward output)."""
+    if out is None:
+        out = np.empty_like(dy)
+    np.multiply(dy, y > 0, out=out)
+    return out
+
+
+def linear_forward(x, w, b, out=None):
+    """y (N, O) = x (N, I) @ w (O, I).T + b (O,)."""
+    out = np.matmul(x, w.T, out=out)
+    out += b
+    return out
+
+
+def linear_backward(dy, x, w, dw, db, need_dx=True, out=None):
+    """Writes dw (O, I) = dy.T @ x and db (O,) in place; returns dx (N, I)."""
+    np.matmul(dy.T, x, out=dw)
+    np.sum(dy, axis=0, out=db)
+    if not need_dx:
+        return None
+    return np.matmul(dy, w, out=out)
+
+
+def dropout_forward(x, p, rng, out=None, mask=None):
+    """Inverted dropout: y = x * mask, mask = (u >= p) / (1 - p)."""
+    if p <= 0.0:
+        return x, None
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    u = rng.random(x.shape, dtype=np.float32)
+    if mask is None:
+        mask = np.empty(x.shape, x.dtype)
+    np.multiply(u >= p, x.dtype.type(1.0 / (1.0 - p)), out=mask)
+    return np.multiply(x, mask, out=out), mask
+
+
+def dropout_backward(dy, mask, out=None):
+    if mask is None:
+        return dy
+    return np.multiply(dy, mask, out=out)
+
+
+# --------------------------------------------------------------------------
+# softmax cross-entropy
+# --------------------------------------------------------------------------
+
+def softmax_xent_forward(logits, labels):
+    """Mean cross-entropy of logits (N, K) against integer labels (N,).
+
+    Stable: shifted by the row max before exp. Returns (loss, probs) with
+    probs (N, K) the softmax, which backward needs. loss is a Python float
+    accumulated in the logits' dtype.
+    """
+    n = logits.shape[0]
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(shifted)
+    s = probs.sum(axis=1, keepdims=True)
+    probs /= s
+    # -log p[y] = log(sum exp) - shifted[y]
+    nll = np.log(s[:, 0]) - shifted[np.arange(n), labels]
+    return float(nll.mean(dtype=logits.dtype)), probs
+
+
+def softmax_xent_backward(probs, labels, out=None):
+    """dlogits (N, K) = (probs - onehot(labels)) / N."""
+    n = probs.shape[0]
+    if out is None:
+        out = np.empty_like(probs)
+    np.copyto(out, probs)
+    out[np.arange(n), labels] -= 1
+    out *= probs.dtype.type(1.0 / n)
+    return out

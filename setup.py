@@ -1,0 +1,45 @@
+"""Build entry for ibtmpi.
+
+kernels/ (CUDA sources) and data_prep/ (dataset tools) live at the top of
+the repository but install inside the package as ibtmpi.kernels and
+ibtmpi.data_prep, so nothing generic lands at the top of site-packages.
+"""
+import re
+from pathlib import Path
+
+from setuptools import setup
+
+here = Path(__file__).parent
+version = re.search(r'__version__ = "([^"]+)"',
+                    (here / "ibtmpi" / "__init__.py").read_text()).group(1)
+
+setup(
+    name="ibtmpi",
+    version=version,
+    description=("MPI training of CNN image classifiers by Incremental Block "
+                 "Training with global-consensus ADMM"),
+    long_description=(here / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=["ibtmpi", "ibtmpi.kernels", "ibtmpi.data_prep"],
+    package_dir={"ibtmpi": "ibtmpi", "ibtmpi.kernels": "kernels",
+                 "ibtmpi.data_prep": "data_prep"},
+    package_data={"ibtmpi.kernels": ["*.cu", "*.cuh", "*.h", "*.md"]},
+    install_requires=[
+        "numpy>=1.23",
+        "mpi4py>=3.1",
+        "h5py>=3.6",
+        "threadpoolctl>=3.1",
+        "tqdm>=4.60",
+        "tomli>=1.1; python_version < '3.11'",
+    ],
+    extras_require={
+        # Self-contained MPI for laptops and CI; clusters use their system MPI
+        # (build mpi4py against it instead of installing this extra).
+        "mpich": ["mpich"],
+        "gpu": ["cupy-cuda12x"],
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy"],
+        "bench": ["torch==2.13.0"],
+    },
+    entry_points={"console_scripts": ["ibtmpi = ibtmpi.cli:main"]},
+)

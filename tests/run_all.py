@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Run the whole test suite against the INSTALLED package.
+
+Stages: tests/unit with pytest; tests/mpi under `mpiexec -n 2` and `-n 3`
+(--with-mpi); a smoke run of the installed `ibtmpi` command from a
+directory outside the repository. Run it with the venv's python:
+    .venv/bin/python tests/run_all.py [-k EXPR] [--no-mpi]
+A stage fails when pytest fails, when it ran no test (pytest's exit 5 is a
+failure here), or when the smoke output lacks its expected line. The last
+line is the total, e.g. 'total: 95 passed, 0 failed, 2 skipped'.
+"""
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BIN = os.path.dirname(sys.executable)
+
+
+def tool(name):
+    path = os.path.join(BIN, name)
+    if not os.path.exists(path):
+        sys.exit(f"run_all: {path} not found; install with "
+                 f"`pip install '.[mpich,test]'` into this venv")
+    return path
+
+
+def counts(xml_files):
+    p = f = s = 0
+    for x in xml_files:
+        for suite in ET.parse(x).getroot().iter("testsuite"):
+            t = int(suite.get("tests", 0))
+            fl = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            sk = int(suite.get("skipped", 0))
+            p += t - fl - sk
+            f += fl
+            s += sk
+    return p, f, s
+
+
+def run_stage(name, cmd, xml_glob, tmp):
+    print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    rc = subprocess.call(cmd, cwd=ROOT)
+    xmls = glob.glob(os.path.join(tmp, xml_glob))
+    p, f, s = counts(xmls) if xmls else (0, 0, 0)
+    ok = rc == 0 and p > 0 and f == 0
+    why = "" if ok else (f" (exit {rc}" + (", no test ran" if p == 0 else "") + ")")
+    print(f"=== {name}: {'ok' if ok else 'FAILED'}{why}: {p} passed, {f} failed, "
+          f"{s} skipped in {time.time() - t0:.0f} s", flush=True)
+    return ok, p, max(f, 0 if ok else 1), s
+
+
+def smoke(tmp):
+    """The installed console script, run from outside the repository."""
+    print("\n=== smoke: installed `ibtmpi` from outside the repo", flush=True)
+    exe = tool("ibtmpi")
+    out = subprocess.run([exe, "demo", "--n", "400", "--image-size", "16",
+                          "--epochs", "1", "--model", "tiny", "--quiet"],
+                         cwd=tmp, capture_output=True, text=True)
+    print(out.stdout + out.stderr, end="")
+    ok = out.returncode == 0 and "test accuracy" in out.stdout
+    ver = subprocess.run([sys.executable, "-c",
+                          "import ibtmpi, ibtmpi.kernels, ibtmpi.data_prep;"
+                          "print(ibtmpi.__file__)"],
+                         cwd=tmp, capture_output=True, text=True)
+    print(ver.stdout + ver.stderr, end="")
+    ok = ok and ver.returncode == 0
+    print(f"=== smoke: {'ok' if ok else 'FAILED'}: {int(ok)} passed, "
+          f"{int(not ok)} failed", flush=True)
+    return ok, int(ok), int(not ok), 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-k", help="pytest -k expression for every stage")
+    ap.add_argument("--no-mpi", action="store_true")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="ibtmpi-tests-")
+    extra = ["-k", args.k] if args.k else []
+    pytest = tool("pytest")
+    stages = [("unit", [pytest, "tests/unit", "-q", "-p", "no:cacheprovider",
+                        f"--junitxml={tmp}/unit.xml"] + extra, "unit.xml")]
+    if not args.no_mpi:
+        mpiexec = tool("mpiexec")
+        for n in (2, 3):
+            stages.append((f"mpi-n{n}", [
+                mpiexec, "-n", str(n), pytest, "--with-mpi", "tests/mpi", "-q",
+                "-p", "no:cacheprovider", f"--junitxml={tmp}/mpi{n}.xml"] + extra,
+                f"mpi{n}.rank0.xml"))
+    results = [run_stage(name, cmd, xml, tmp) for name, cmd, xml in stages]
+    results.append(smoke(tmp))
+    shutil.rmtree(tmp, ignore_errors=True)
+    ok = all(r[0] for r in results)
+    p = sum(r[1] for r in results)
+    f = sum(r[2] for r in results)
+    s = sum(r[3] for r in results)
+    print(f"\n{'all stages ok' if ok else 'SOME STAGES FAILED'}")
+    print(f"total: {p} passed, {f} failed, {s} skipped")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""ops.py against independent oracles: naive loops, scipy.signal, and
+central finite differences in float64."""
+import numpy as np
+import pytest
+from scipy import signal
+
+from ibtmpi import ops
+
+RNG = np.random.default_rng(1234)
+
+
+def numgrad(f, x, eps=1e-6):
+    """Central differences of scalar f() w.r.t. every entry of x (in place)."""
+    g = np.zeros_like(x)
+    it = np.nditer(x, flags=["multi_index"])
+    for _ in it:
+        i = it.multi_index
+        old = x[i]
+        x[i] = old + eps
+        fp = f()
+        x[i] = old - eps
+        fm = f()
+        x[i] = old
+        g[i] = (fp - fm) / (2 * eps)
+    return g
+
+
+# -- naive oracles --------------------------------------------------------
+
+def conv_naive(x, w, b, s, p):
+    n, c, h, wd = x.shape
+    f, _, kh, kw = w.shape
+    xp = np.zeros((n, c, h + 2 * p, wd + 2 * p), x.dtype)
+    xp[:, :, p:p + h, p:p + wd] = x
+    ho = (h + 2 * p - kh) // s + 1
+    wo = (wd + 2 * p - kw) // s + 1
+    y = np.zeros((n, f, ho, wo), x.dtype)
+    for nn in range(n):
+        for ff in range(f):
+            for i in range(ho):
+                for j in range(wo):
+                    acc = b[ff]
+                    for cc in range(c):
+                        for a in range(kh):
+                            for bb in range(kw):
+                                acc += xp[nn, cc, i * s + a, j * s + bb] * w[ff, cc, a, bb]
+                    y[nn, ff, i, j] = acc
+    return y
+
+
+def pool_naive(x, k, s):
+    n, c, h, w = x.shape
+    ho, wo = (h - k) // s + 1, (w - k) // s + 1
+    y = np.zeros((n, c, ho, wo), x.dtype)
+    am = np.zeros((n, c, ho, wo), np.int64)
+    for nn in range(n):
+        for cc in range(c):
+            for i in range(ho):
+                for j in range(wo):
+                    best, arg = -np.inf, -1
+                    for a in range(k):
+                        for bb in range(k):
+                            v = x[nn, cc, i * s + a, j * s + bb]
+                            if v > best:          # first maximum wins ties
+                                best, arg = v, a * k + bb
+                    y[nn, cc, i, j], am[nn, cc, i, j] = best, arg
+    return y, am
+
+
+CONV_CASES = [
+    # (N, C, H, W, F, k, stride, pad)
+    (2, 3, 7, 7, 4, 3, 1, 1),
+    (2, 3, 8, 6, 5, 3, 2, 1),
+    (1, 2, 9, 9, 3, 3, 2, 0),
+    (2, 2, 6, 7, 2, 5, 1, 2),
+    (3, 1, 5, 5, 2, 1, 1, 0),
+    (1, 4, 11, 10, 3, 3, 3, 2),
+    (2, 3, 4, 4, 2, 2, 2, 0),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_forward_matches_naive_loops(case):
+    n, c, h, w, f, k, s, p = case
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = RNG.standard_normal((f, c, k, k)).astype(np.float32)
+    b = RNG.standard_normal(f).astype(np.float32)
+    y, _ = ops.conv2d_forward(x, wt, b, s, p)
+    ref = conv_naive(x.astype(np.float64), wt.astype(np.float64),
+                     b.astype(np.float64), s, p)
+    assert y.dtype == np.float32
+    assert y.shape == ref.shape
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_forward_matches_scipy_correlate():
+    x = RNG.standard_normal((2, 3, 12, 10))
+    w = RNG.standard_normal((4, 3, 3, 3))
+    b = RNG.standard_normal(4)
+    y, _ = ops.conv2d_forward(x, w, b, 1, 1)
+    for n in range(2):
+        for f in range(4):
+            ref = b[f] + sum(signal.correlate2d(x[n, c], w[f, c], mode="same")
+                             for c in range(3))
+            np.testing.assert_allclose(y[n, f], ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_backward_matches_finite_differences(case):
+    n, c, h, w, f, k, s, p = case
+    x = RNG.standard_normal((n, c, h, w))
+    wt = RNG.standard_normal((f, c, k, k))
+    b = RNG.standard_normal(f)
+    y, col = ops.conv2d_forward(x, wt, b, s, p)
+    r = RNG.standard_normal(y.shape)
+
+    def loss():
+        return float((ops.conv2d_forward(x, wt, b, s, p)[0] * r).sum())
+
+    dw, db = np.zeros_like(wt), np.zeros_like(b)
+    dx = ops.conv2d_backward(r, col, x.shape, wt, s, p, dw, db).copy()
+    np.testing.assert_allclose(dx, numgrad(loss, x), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dw, numgrad(loss, wt), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(db, numgrad(loss, b), rtol=1e-6, atol=1e-7)
+    # need_dx=False still fills the parameter gradients
+    dw2, db2 = np.zeros_like(wt), np.zeros_like(b)
+    assert ops.conv2d_backward(r, col, x.shape, wt, s, p, dw2, db2,
+                               need_dx=False) is None
+    np.testing.assert_array_equal(dw2, dw)
+
+
+def test_conv_with_workspace_reuses_buffers_and_stays_correct():
+    ws = ops.Workspace()
+    wt = RNG.standard_normal((3, 2, 3, 3))
+    b = RNG.standard_normal(3)
+    for _ in range(3):
+        x = RNG.standard_normal((2, 2, 6, 6))
+        y, _ = ops.conv2d_forward(x, wt, b, 1, 1, ws=ws)
+        np.testing.assert_allclose(y, conv_naive(x, wt, b, 1, 1), atol=1e-12)
+    nbytes = ws.nbytes()
+    ops.conv2d_forward(x, wt, b, 1, 1, ws=ws)
+    assert ws.nbytes() == nbytes
+
+
+def test_im2col_col2im_are_adjoint():
+    # <im2col(x), c> == <x, col2im(c)> for every geometry
+    for (n, c, h, w, f, k, s, p) in CONV_CASES:
+        x = RNG.standard_normal((n, c, h, w))
+        col = ops.im2col(x, k, k, s, p)
+        cc = RNG.standard_normal(col.shape)
+        lhs = float((col * cc).sum())
+        rhs = float((x * ops.col2im(cc, x.shape, k, k, s, p)).sum())
+        assert abs(lhs - rhs) <= 1e-10 * max(1.0, abs(lhs))
+
+
+def test_conv_geometry_errors():
+    x = np.zeros((1, 1, 2, 2), np.float32)
+    with pytest.raises(ValueError, match="does not fit"):
+        ops.conv2d_forward(x, np.zeros((1, 1, 5, 5), np.float32),
+                           np.zeros(1, np.float32), 1, 0)
+    with pytest.raises(ValueError, match="channels"):
+        ops.conv2d_forward(x, np.zeros((1, 2, 1, 1), np.float32),
+                           np.zeros(1, np.float32), 1, 0)
+
+
+POOL_CASES = [(2, 2, 8, 8), (2, 2, 7, 9), (3, 2, 9, 9), (3, 3, 9, 7),
+              (2, 1, 5, 6), (4, 4, 8, 8)]
+
+
+@pytest.mark.parametrize("k,s,h,w", POOL_CASES)
+def test_maxpool_forward_matches_naive_loops(k, s, h, w):
+    x = RNG.standard_normal((2, 3, h, w)).astype(np.float32)
+    y, am = ops.maxpool_forward(x, k, s)
+    ref, ref_am = pool_naive(x, k, s)
+    np.testing.assert_array_equal(y, ref)
+    np.testing.assert_array_equal(am, ref_am)
+    assert am.dtype == np.uint8
+
+
+@pytest.mark.parametrize("k,s", [(2, 2), (3, 2), (3, 3)])
+def test_maxpool_ties_go_to_first_offset(k, s):
+    x = np.zeros((1, 2, 6, 6), np.float32)
+    x[0, 1, :, :] = 3.0
+    x[0, 1, 1, 1] = 3.0
+    y, am = ops.maxpool_forward(x, k, s)
+    assert (am == 0).all()
+    _, ref_am = pool_naive(x, k, s)
+    np.testing.assert_array_equal(am, ref_am)
+    # the gradient of a tied window reaches exactly one input cell
+    dx = ops.maxpool_backward(np.ones_like(y), am, x.shape, k, s)
+    assert dx.sum() == y.size
+
+
+@pytest.mark.parametrize("k,s,h,w", POOL_CASES)
+def test_maxpool_backward_matches_finite_differences(k, s, h, w):
+    # distinct values spaced far more than eps, so the argmax is stable
+    x = RNG.permutation(2 * 2 * h * w).reshape(2, 2, h, w).astype(np.float64) * 0.01
+    y, am = ops.maxpool_forward(x, k, s)
+    r = RNG.standard_normal(y.shape)
+
+    def loss():
+        return float((ops.maxpool_forward(x, k, s)[0] * r).sum())
+
+    dx = ops.maxpool_backward(r, am, x.shape, k, s)
+    np.testing.assert_allclose(dx, numgrad(loss, x, eps=1e-5), atol=1e-8)
+
+
+def test_maxpool_on_conv_layout_view_matches_contiguous():
+    base = RNG.standard_normal((3, 2, 8, 8)).astype(np.float32)   # (C, N, H, W)
+    view = base.transpose(1, 0, 2, 3)                              # NCHW view
+    assert ops.is_cnhw(view)
+    ws = ops.Workspace()
+    y1, a1 = ops.maxpool_forward(view, 2, 2, ws=ws)
+    y2, a2 = ops.maxpool_forward(np.ascontiguousarray(view), 2, 2)
+    np.testing.assert_array_equal(y1, y2)
+    np.testing.assert_array_equal(a1, a2)
+    dy = RNG.standard_normal(y1.shape).astype(np.float32)
+    out = ops._buf4(None, "dx", view.shape, np.float32, True)
+    d1 = ops.maxpool_backward(dy, a1, view.shape, 2, 2, out=out)
+    d2 = ops.maxpool_backward(dy, a2, view.shape, 2, 2)
+    np.testing.assert_array_equal(d1, d2)
+
+
+def test_relu_forward_backward():
+    x = RNG.standard_normal((4, 5)).astype(np.float32)
+    y = ops.relu_forward(x)
+    np.testing.assert_array_equal(y, np.where(x > 0, x, 0))
+    dy = RNG.standard_normal(x.shape).astype(np.float32)
+    np.testing.assert_array_equal(ops.relu_backward(dy, y),
+                                  np.where(x > 0, dy, 0))
+    # finite differences away from the kink
+    x64 = RNG.standard_normal((3, 4)) + np.sign(RNG.standard_normal((3, 4))) * 0.1
+    r = RNG.standard_normal(x64.shape)
+    g = numgrad(lambda: float((ops.relu_forward(x64) * r).sum()), x64)
+    np.testing.assert_allclose(ops.relu_backward(r, ops.relu_forward(x64)), g,
+                               atol=1e-8)
+
+
+def test_linear_forward_naive_and_backward_fd():
+    x = RNG.standard_normal((4, 6))
+    w = RNG.standard_normal((3, 6))
+    b = RNG.standard_normal(3)
+    y = ops.linear_forward(x, w, b)
+    ref = np.array([[b[o] + sum(x[n, i] * w[o, i] for i in range(6))
+                     for o in range(3)] for n in range(4)])
+    np.testing.assert_allclose(y, ref, rtol=1e-12)
+    r = RNG.standard_normal(y.shape)
+
+    def loss():
+        return float((ops.linear_forward(x, w, b) * r).sum())
+
+    dw, db = np.zeros_like(w), np.zeros_like(b)
+    dx = ops.linear_backward(r, x, w, dw, db)
+    np.testing.assert_allclose(dx, numgrad(loss, x), atol=1e-8)
+    np.testing.assert_allclose(dw, numgrad(loss, w), atol=1e-8)
+    np.testing.assert_allclose(db, numgrad(loss, b), atol=1e-8)
+
+
+def test_softmax_xent_matches_formula_and_is_stable():
+    z = RNG.standard_normal((6, 5))
+    y = RNG.integers(0, 5, 6)
+    loss, probs = ops.softmax_xent_forward(z, y)
+    p_ref = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    np.testing.assert_allclose(probs, p_ref, rtol=1e-12)
+    assert abs(loss - float(-np.log(p_ref[np.arange(6), y]).mean())) < 1e-12
+    # huge logits: no overflow, exact answer
+    big = np.array([[1e4, 0.0, -1e4], [0.0, 1e4, 1e4]], np.float32)
+    l2, p2 = ops.softmax_xent_forward(big, np.array([0, 2]))
+    assert np.isfinite(l2) and np.isfinite(p2).all()
+    assert abs(l2 - np.log(2) / 2) < 1e-6
+    # backward vs finite differences
+    zz = z.copy()
+    g = numgrad(lambda: ops.softmax_xent_forward(zz, y)[0], zz)
+    np.testing.assert_allclose(ops.softmax_xent_backward(probs, y), g, atol=1e-8)
+
+
+def test_dropout_mask_and_backward():
+    rng = np.random.default_rng(0)
+    x = np.ones((200, 100), np.float32)
+    y, mask = ops.dropout_forward(x, 0.3, rng)
+    kept = mask > 0
+    assert abs(kept.mean() - 0.7) < 0.01
+    np.testing.assert_allclose(y[kept], 1 / 0.7, rtol=1e-6)
+    assert (y[~kept] == 0).all()
+    dy = RNG.standard_normal(x.shape).astype(np.float32)
+    np.testing.assert_array_equal(ops.dropout_backward(dy, mask), dy * mask)
+    same, none = ops.dropout_forward(x, 0.0, rng)
+    assert same is x and none is None
+    with pytest.raises(ValueError):
+        ops.dropout_forward(x, 1.0, rng)

@@ -31,6 +31,7 @@ setup(
         "h5py>=3.6",
         "threadpoolctl>=3.1",
         "tqdm>=4.60",
+        "pillow>=9",
         "tomli>=1.1; python_version < '3.11'",
     ],
     extras_require={
@@ -41,5 +42,6 @@ setup(
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy"],
         "bench": ["torch==2.13.0"],
     },
-    entry_points={"console_scripts": ["ibtmpi = ibtmpi.cli:main"]},
+    entry_points={"console_scripts": ["ibtmpi = ibtmpi.cli:main",
+                                      "ibtmpi-prep = ibtmpi.data_prep.cli:main"]},
 )

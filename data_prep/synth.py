@@ -21,6 +21,7 @@ import numpy as np
 
 CLASSES = ("residential", "road", "green_area", "lake", "land")
 CHUNK = 256
+VERSION = 1          # bump when the images a seed produces change
 
 
 # -- building blocks (all arrays (B, S, S) float32 unless noted) -----------
@@ -357,6 +358,13 @@ def class_indices(classes):
     return out
 
 
+def draw_labels(n, k, seed):
+    """Stratified labels 0..k-1 (counts differ by at most 1), seeded order."""
+    labels = np.arange(n) % k
+    np.random.default_rng([seed, 2**31]).shuffle(labels)
+    return labels
+
+
 def generate(n, size=64, seed=0, classes=CLASSES, distractor_p=0.3,
              progress=None):
     """n images, stratified over `classes` (counts differ by at most 1),
@@ -365,9 +373,7 @@ def generate(n, size=64, seed=0, classes=CLASSES, distractor_p=0.3,
     if size < 8:
         raise ValueError(f"image size must be >= 8, got {size}")
     idx = class_indices(classes)
-    k = len(idx)
-    labels = np.arange(n) % k
-    np.random.default_rng([seed, 2**31]).shuffle(labels)
+    labels = draw_labels(n, len(idx), seed)
     images = np.empty((n, size, size, 3), np.uint8)
     gen_labels = np.asarray(idx)[labels]       # maker index per image
     for c0 in range(0, n, CHUNK):

@@ -1,7 +1,8 @@
 """Command line: ``ibtmpi <command>`` (also ``python -m ibtmpi``).
 
-Commands: ``info`` (versions, MPI library, BLAS threads, model summary) and
-``demo`` (single-process training on built-in synthetic data). Bad input
+Commands: ``info`` (versions, MPI library, BLAS threads, model summary),
+``demo`` (single-process training on built-in synthetic data) and ``prep``
+(dataset tools, also installed as ``ibtmpi-prep``). Bad input
 exits with status 2 and a one-line message, never a traceback.
 """
 from __future__ import annotations
@@ -48,6 +49,10 @@ def build_parser():
     ap.add_argument("--version", action="version",
                     version=f"ibtmpi {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("prep", help="make or check a dataset (synth, folder, inspect)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
 
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
     p.add_argument("--model", default="reference")
@@ -152,7 +157,12 @@ def cmd_demo(args):
     return 0
 
 
-COMMANDS = {"info": cmd_info, "demo": cmd_demo}
+def cmd_prep(args):
+    from .data_prep.cli import main as prep_main
+    return prep_main(args.rest, prog="ibtmpi prep")
+
+
+COMMANDS = {"info": cmd_info, "demo": cmd_demo, "prep": cmd_prep}
 
 
 def main(argv=None):

@@ -1,0 +1,230 @@
+"""``ibtmpi prep synth|folder|inspect``: make and check dataset directories.
+
+synth: the procedural 5-class set (synth.py), streamed chunk by chunk into
+the atomic writer. folder: class-per-subfolder image trees (EuroSAT, UC
+Merced, NWPU-RESISC45, AID), decoded with Pillow, converted to RGB, resized,
+optionally re-labelled by a class map; unreadable files are listed and
+skipped (or fatal with strict). inspect: full validation plus a summary.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from . import synth
+from .writer import DatasetWriter, WriteError, stratified_assign
+
+IMAGE_EXT = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".gif", ".webp"}
+
+
+def _bar(total, desc, quiet):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="img", disable=quiet or None,
+                file=sys.stderr, leave=False)
+
+
+def _positions(split_id):
+    """Row of each sample inside its split, in generation order."""
+    pos = np.empty(len(split_id), np.int64)
+    for s in range(3):
+        m = split_id == s
+        pos[m] = np.arange(m.sum())
+    return pos
+
+
+def prep_synth(out, n=25000, size=64, seed=0, classes=synth.CLASSES,
+               ratios=(0.8, 0.1, 0.1), shards=4, distractor_p=0.3,
+               overwrite=False, quiet=False):
+    t0 = time.perf_counter()
+    classes = list(classes)
+    gen_idx = np.asarray(synth.class_indices(classes))
+    if n < len(classes):
+        raise WriteError(f"--n {n} is fewer than the {len(classes)} classes")
+    labels = synth.draw_labels(n, len(classes), seed)
+    split_id = stratified_assign(labels, ratios, seed)
+    pos = _positions(split_id)
+    counts = {name: int((split_id == s).sum())
+              for s, name in enumerate(("train", "val", "test"))}
+    w = DatasetWriter(out, classes, (size, size, 3), counts, shards,
+                      source="synthetic", generator=f"ibtmpi synth {synth.VERSION}",
+                      seed=seed, overwrite=overwrite,
+                      extra={"distractor_p": distractor_p})
+    with w, _bar(n, "synth", quiet) as bar:
+        for c0 in range(0, n, synth.CHUNK):
+            sl = slice(c0, min(n, c0 + synth.CHUNK))
+            imgs = synth.make_chunk(seed, c0 // synth.CHUNK, gen_idx[labels[sl]],
+                                    size, distractor_p)
+            for s, name in enumerate(("train", "val", "test")):
+                m = split_id[sl] == s
+                if m.any():   # members of a split are contiguous rows there
+                    w.write(name, int(pos[sl][m][0]), imgs[m], labels[sl][m])
+            bar.update(sl.stop - sl.start)
+        meta = w.close()
+    return meta, time.perf_counter() - t0
+
+
+def load_class_map(path):
+    """{source class: target class or None (drop)} from JSON or TOML."""
+    try:
+        if path.endswith(".toml"):
+            try:
+                import tomllib
+            except ImportError:                      # Python < 3.11
+                import tomli as tomllib
+            with open(path, "rb") as f:
+                m = tomllib.load(f)
+        else:
+            with open(path) as f:
+                m = json.load(f)
+    except (OSError, ValueError) as e:
+        raise WriteError(f"class map {path}: {e}") from None
+    if not isinstance(m, dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, str))
+            for k, v in m.items()):
+        raise WriteError(f"class map {path}: expected a table of "
+                         f"\"source class\" = \"target class\" strings")
+    return {k: (v or None) for k, v in m.items()}
+
+
+def scan_folder(root, class_map=None):
+    """[(path, class name)] and the ordered class list."""
+    if not os.path.isdir(root):
+        raise WriteError(f"{root} is not a directory")
+    src_classes = sorted(d for d in os.listdir(root)
+                         if os.path.isdir(os.path.join(root, d))
+                         and not d.startswith("."))
+    if not src_classes:
+        raise WriteError(f"{root} has no class subfolders (expected ROOT/<class>/<images>)")
+    if class_map is not None:
+        unknown = sorted(set(class_map) - set(src_classes))
+        if unknown:
+            raise WriteError(f"class map names folders not in {root}: {unknown}")
+        targets = []
+        for v in class_map.values():
+            if v and v not in targets:
+                targets.append(v)
+    else:
+        targets = src_classes
+    items = []
+    for sc in src_classes:
+        tc = class_map.get(sc) if class_map is not None else sc
+        if not tc:
+            continue
+        for dirpath, _, files in os.walk(os.path.join(root, sc)):
+            for fn in sorted(files):
+                if os.path.splitext(fn)[1].lower() in IMAGE_EXT:
+                    items.append((os.path.join(dirpath, fn), tc))
+    if not items:
+        raise WriteError(f"no images found under {root}")
+    return items, targets
+
+
+def load_image(path, size):
+    """uint8 (size, size, 3) RGB; raises on unreadable files."""
+    from PIL import Image
+    with Image.open(path) as im:
+        im.load()
+        if im.mode in ("RGBA", "LA", "P"):
+            im = im.convert("RGBA")
+            bg = Image.new("RGBA", im.size, (0, 0, 0, 255))
+            im = Image.alpha_composite(bg, im)
+        im = im.convert("RGB")
+        if im.size != (size, size):
+            im = im.resize((size, size), Image.BILINEAR, reducing_gap=3.0)
+        return np.asarray(im, np.uint8)
+
+
+def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
+                seed=0, shards=1, strict=False, overwrite=False, quiet=False):
+    t0 = time.perf_counter()
+    cmap = load_class_map(class_map) if class_map else None
+    items, classes = scan_folder(root, cmap)
+    if os.path.exists(out) and not overwrite:
+        raise WriteError(f"{out} already exists; choose another directory or "
+                         f"pass --overwrite")
+    # Phase 1: decode everything into a disk-backed array (any data size).
+    tmpdir = tempfile.mkdtemp(prefix=".prep-", dir=os.path.dirname(os.path.abspath(out)))
+    try:
+        buf = np.lib.format.open_memmap(os.path.join(tmpdir, "decoded.npy"), "w+",
+                                        np.uint8, (len(items), size, size, 3))
+        ok = np.zeros(len(items), bool)
+        bad = []
+        with _bar(len(items), "decode", quiet) as bar:
+            for i, (p, _) in enumerate(items):
+                try:
+                    buf[i] = load_image(p, size)
+                    ok[i] = True
+                except Exception as e:               # PIL raises many types
+                    if strict:
+                        raise WriteError(f"{p}: cannot be read as an image "
+                                         f"({type(e).__name__}: {e}); "
+                                         f"remove it or drop --strict") from None
+                    bad.append((p, f"{type(e).__name__}: {e}"))
+                bar.update(1)
+        good = np.flatnonzero(ok)
+        name_to_idx = {c: i for i, c in enumerate(classes)}
+        labels = np.array([name_to_idx[items[i][1]] for i in good], np.int64)
+        if len(good) == 0:
+            raise WriteError(f"none of the {len(items)} images could be read")
+        # Phase 2: stratified split; each split in a seeded random order so
+        # contiguous worker ranges are class-mixed.
+        split_id = stratified_assign(labels, ratios, seed)
+        counts = {}
+        w = DatasetWriter(out, classes, (size, size, 3),
+                          {n: int((split_id == s).sum())
+                           for s, n in enumerate(("train", "val", "test"))},
+                          shards, source=f"folder:{os.path.abspath(root)}",
+                          generator="ibtmpi prep folder", seed=seed,
+                          overwrite=overwrite,
+                          extra={"class_map": cmap, "skipped": len(bad)})
+        rng = np.random.default_rng([seed, 104729])
+        with w:
+            for s, name in enumerate(("train", "val", "test")):
+                members = np.flatnonzero(split_id == s)
+                members = members[rng.permutation(len(members))]
+                counts[name] = len(members)
+                for c0 in range(0, len(members), 512):
+                    sel = members[c0:c0 + 512]
+                    order = np.argsort(good[sel])          # memmap-friendly
+                    rows = buf[good[sel][order]]
+                    unsorted = np.empty_like(rows)
+                    unsorted[order] = rows
+                    w.write(name, c0, unsorted, labels[sel])
+            meta = w.close()
+    finally:
+        import shutil
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return meta, bad, time.perf_counter() - t0
+
+
+def dir_size(path):
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+
+
+def inspect(path):
+    """Validate a dataset; return printable summary lines."""
+    from ibtmpi.dataset import Dataset
+    ds = Dataset(path)
+    lines = [f"dataset {ds.path}: OK",
+             f"  classes ({ds.n_classes}): {', '.join(ds.classes)}",
+             f"  image shape (H, W, C): {ds.image_shape}",
+             f"  train mean {np.round(ds.mean, 2).tolist()} std "
+             f"{np.round(ds.std, 2).tolist()}",
+             f"  source: {ds.meta.get('source')}  generator: "
+             f"{ds.meta.get('generator')}  seed: {ds.meta.get('seed')}"]
+    width = max(len(c) for c in ds.classes)
+    for name, sp in ds.splits.items():
+        size = sum(os.path.getsize(f) for f in sp.files)
+        lines.append(f"  {name}: {sp.n} images in {len(sp.files)} file(s), "
+                     f"{size / 2**20:.1f} MiB")
+        counts = np.bincount(sp.labels, minlength=ds.n_classes)
+        for c, k in zip(ds.classes, counts):
+            lines.append(f"    {c:<{width}} {k:>8d}")
+    lines.append(f"  total on disk: {dir_size(ds.path) / 2**20:.1f} MiB")
+    ds.close()
+    return lines

@@ -1,0 +1,208 @@
+"""Atomic writer of a dataset directory (layout: docs/data.md).
+
+Everything is written into a hidden sibling ``.NAME.partial-PID`` and
+renamed onto NAME only when complete, ``dataset.json`` (fsynced) last, so a
+crash never leaves a directory that looks like a finished dataset. An
+existing NAME is refused unless ``overwrite``; then the old one is moved
+aside and removed only after the new one is in place.
+
+Rows are written by split and position; the train split is cut into
+``n_shards`` contiguous shards. Per-channel mean/std of the train split
+are accumulated while writing.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+
+import h5py
+import numpy as np
+
+from ibtmpi import __version__
+from ibtmpi.dataset import FORMAT, VERSION
+
+
+class WriteError(Exception):
+    pass
+
+
+def shard_names(n_shards):
+    return [f"train-{k:05d}-of-{n_shards:05d}.h5" for k in range(n_shards)]
+
+
+class DatasetWriter:
+    def __init__(self, out_dir, classes, image_shape, counts, n_shards=1,
+                 source="", generator="", seed=None, overwrite=False,
+                 extra=None):
+        self.out = os.path.abspath(out_dir)
+        if os.path.exists(self.out) and not overwrite:
+            raise WriteError(f"{out_dir} already exists; choose another "
+                             f"directory or pass --overwrite")
+        parent = os.path.dirname(self.out)
+        if not os.path.isdir(parent):
+            raise WriteError(f"parent directory {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise WriteError(f"cannot write in {parent}")
+        if counts.get("train", 0) < 1:
+            raise WriteError("the train split would be empty")
+        if n_shards < 1 or n_shards > counts["train"]:
+            raise WriteError(f"shards must be between 1 and the {counts['train']} "
+                             f"training images, got {n_shards}")
+        self.classes = list(classes)
+        self.image_shape = tuple(int(s) for s in image_shape)
+        self.counts = {k: int(v) for k, v in counts.items() if v > 0}
+        self.meta = {"source": source, "generator": generator, "seed": seed,
+                     **(extra or {})}
+        self.tmp = os.path.join(parent, f".{os.path.basename(self.out)}.partial-{os.getpid()}")
+        if os.path.exists(self.tmp):
+            shutil.rmtree(self.tmp)
+        os.makedirs(self.tmp)
+        self.files = {}              # split -> [(name, h5 file, start, count)]
+        n = self.counts["train"]
+        bounds = [(k * n) // n_shards for k in range(n_shards + 1)]
+        self.files["train"] = [
+            (name, self._create(name, bounds[k + 1] - bounds[k]), bounds[k],
+             bounds[k + 1] - bounds[k])
+            for k, name in enumerate(shard_names(n_shards))]
+        for split in ("val", "test"):
+            if self.counts.get(split):
+                self.files[split] = [(f"{split}.h5",
+                                      self._create(f"{split}.h5", self.counts[split]),
+                                      0, self.counts[split])]
+        c = self.image_shape[2]
+        self._sum = np.zeros(c)
+        self._sum2 = np.zeros(c)
+        self._npix = 0
+        self.written = {k: 0 for k in self.files}
+
+    def _create(self, name, n):
+        f = h5py.File(os.path.join(self.tmp, name), "w")
+        f.create_dataset("images", (n,) + self.image_shape, np.uint8,
+                         chunks=(1,) + self.image_shape)
+        f.create_dataset("labels", (n,), np.int16 if len(self.classes) < 32000
+                         else np.int32)
+        f.attrs["classes"] = json.dumps(self.classes)
+        f.attrs["image_shape"] = self.image_shape
+        return f
+
+    def write(self, split, start, images, labels):
+        """Rows [start, start+len) of `split` (contiguous positions)."""
+        images = np.asarray(images)
+        labels = np.asarray(labels)
+        if images.dtype != np.uint8 or images.shape[1:] != self.image_shape:
+            raise WriteError(f"images must be uint8 {self.image_shape}, got "
+                             f"{images.dtype} {images.shape[1:]}")
+        end = start + len(images)
+        for name, f, s0, cnt in self.files[split]:
+            lo, hi = max(start, s0), min(end, s0 + cnt)
+            if lo < hi:
+                f["images"][lo - s0:hi - s0] = images[lo - start:hi - start]
+                f["labels"][lo - s0:hi - s0] = labels[lo - start:hi - start]
+        if split == "train":
+            px = images.reshape(-1, images.shape[-1]).astype(np.float64)
+            self._sum += px.sum(0)
+            self._sum2 += (px * px).sum(0)
+            self._npix += len(px)
+        self.written[split] += len(images)
+
+    def abort(self):
+        for fl in self.files.values():
+            for _, f, _, _ in fl:
+                try:
+                    f.close()
+                except Exception:
+                    pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def close(self):
+        for split, n in self.counts.items():
+            if self.written.get(split) != n:
+                raise WriteError(f"split {split}: wrote {self.written.get(split)} "
+                                 f"of {n} images")
+        splits = {}
+        for split, fl in self.files.items():
+            per_class = np.zeros(len(self.classes), np.int64)
+            for name, f, _, _ in fl:
+                per_class += np.bincount(f["labels"][:], minlength=len(self.classes))
+                f.flush()
+                f.close()
+                _fsync(os.path.join(self.tmp, name))
+            splits[split] = {"files": [x[0] for x in fl],
+                             "counts": [x[3] for x in fl],
+                             "n": self.counts[split],
+                             "class_counts": per_class.tolist()}
+        mean = self._sum / self._npix
+        std = np.sqrt(np.maximum(self._sum2 / self._npix - mean ** 2, 1e-12))
+        meta = {"format": FORMAT, "version": VERSION, "classes": self.classes,
+                "image_shape": list(self.image_shape), "splits": splits,
+                "mean": mean.round(6).tolist(), "std": std.round(6).tolist(),
+                "created": datetime.datetime.now(datetime.timezone.utc)
+                .isoformat(timespec="seconds"),
+                "ibtmpi_version": __version__, **self.meta}
+        path = os.path.join(self.tmp, "dataset.json")
+        with open(path, "w") as f:
+            json.dump(meta, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        old = None
+        if os.path.exists(self.out):
+            old = f"{self.tmp}.old"
+            os.rename(self.out, old)
+        os.rename(self.tmp, self.out)
+        _fsync_dir(os.path.dirname(self.out))
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        return meta
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if et is not None:
+            self.abort()
+        return False
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path):
+    try:
+        _fsync(path)
+    except OSError:
+        pass
+
+
+def stratified_assign(labels, ratios, seed):
+    """Split id per sample (0 train, 1 val, 2 test), stratified by class:
+    per class, val and test get round(n_c * ratio) of a seeded permutation."""
+    labels = np.asarray(labels)
+    r_val, r_test = ratios[1], ratios[2]
+    out = np.zeros(len(labels), np.int8)
+    rng = np.random.default_rng([seed, 7919])
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        idx = idx[rng.permutation(len(idx))]
+        nv = int(round(len(idx) * r_val))
+        nt = int(round(len(idx) * r_test))
+        out[idx[:nv]] = 1
+        out[idx[nv:nv + nt]] = 2
+    return out
+
+
+def parse_ratios(text):
+    try:
+        parts = [float(p) for p in str(text).split(",")]
+    except ValueError:
+        raise WriteError(f"--split expects three numbers like 0.8,0.1,0.1, got {text!r}") from None
+    if len(parts) != 3 or min(parts) < 0 or parts[0] <= 0 or abs(sum(parts) - 1) > 1e-6:
+        raise WriteError(f"--split expects train,val,test fractions summing to "
+                         f"1 with train > 0, got {text!r}")
+    return parts

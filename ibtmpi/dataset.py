@@ -1,0 +1,246 @@
+"""Dataset directories: open, validate everything up front, read rows.
+
+Layout (written by ``ibtmpi prep``; docs/data.md has the full description):
+``dataset.json`` (written last) + ``train-0000k-of-0000S.h5`` shards +
+``val.h5`` + ``test.h5``. Each HDF5 file holds ``images`` uint8 (n, H, W, C)
+chunked one image per chunk and ``labels`` integer (n,), with attributes
+``classes`` (JSON list) and ``image_shape``.
+
+``Dataset(path)`` checks, before any training: the directory and every
+listed file exist; each file opens as HDF5 and has ``images``/``labels`` of
+the right dtype and shape; classes agree with dataset.json; labels are in
+range; counts agree with dataset.json; no shard is empty; the last image
+of each file can be read (catches truncation). Every error names the file
+and says what to do. Sizes are checked before anything is allocated.
+Test: tests/unit/test_dataset.py (one test per error).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+FORMAT = "ibtmpi-dataset"
+VERSION = 1
+MAX_IMAGE_BYTES = 64 * 2**20          # refuse absurd per-image shapes
+
+
+class DatasetError(Exception):
+    """A dataset directory or file is missing, corrupt or inconsistent."""
+
+
+def _h5():
+    import h5py
+    return h5py
+
+
+class SplitReader:
+    """The files of one split viewed as one global row index space."""
+
+    def __init__(self, name, files, counts, labels):
+        self.name = name
+        self.files = files                    # paths
+        self.counts = list(counts)
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.n = int(self.offsets[-1])
+        self.labels = labels                  # (n,) int64, all in memory
+        self._handles = None
+
+    def _open(self):
+        if self._handles is None:
+            h5py = _h5()
+            self._handles = [h5py.File(f, "r") for f in self.files]
+        return self._handles
+
+    def close(self):
+        if self._handles:
+            for h in self._handles:
+                h.close()
+        self._handles = None
+
+    def __getstate__(self):                  # handles never cross processes
+        d = dict(self.__dict__)
+        d["_handles"] = None
+        return d
+
+    def read(self, idx, out=None):
+        """uint8 (len(idx), H, W, C) for global row indices (any order).
+
+        Consecutive runs inside one file are read as one slice; other rows
+        image by image (fancy indexing of random rows is ~15x slower)."""
+        idx = np.asarray(idx, np.int64)
+        handles = self._open()
+        shape = handles[0]["images"].shape[1:]
+        if out is None:
+            out = np.empty((len(idx),) + shape, np.uint8)
+        if len(idx) == 0:
+            return out
+        if idx.min() < 0 or idx.max() >= self.n:
+            raise IndexError(f"{self.name}: row index out of 0..{self.n - 1}")
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        order = np.argsort(idx, kind="stable")
+        j = 0
+        while j < len(order):
+            k = j
+            s = shard[order[j]]
+            # extend a run of consecutive rows in the same shard
+            while (k + 1 < len(order) and shard[order[k + 1]] == s
+                   and idx[order[k + 1]] == idx[order[k]] + 1):
+                k += 1
+            lo = int(idx[order[j]] - self.offsets[s])
+            rows = handles[s]["images"][lo:lo + (k - j + 1)]
+            out[order[j:k + 1]] = rows
+            j = k + 1
+        return out
+
+    def read_all(self):
+        """All rows, file by file (contiguous reads)."""
+        handles = self._open()
+        return np.concatenate([h["images"][:] for h in handles]) if handles else None
+
+
+class Dataset:
+    def __init__(self, path):
+        self.path = os.path.abspath(path)
+        if not os.path.exists(self.path):
+            raise DatasetError(f"dataset directory {path} does not exist; "
+                               f"create one with `ibtmpi prep synth {path}`")
+        if not os.path.isdir(self.path):
+            raise DatasetError(f"{path} is not a directory (a dataset is a "
+                               f"directory with dataset.json and .h5 files)")
+        meta_path = os.path.join(self.path, "dataset.json")
+        if not os.path.isfile(meta_path):
+            raise DatasetError(
+                f"{meta_path} is missing: not a dataset directory, or an "
+                f"interrupted write (re-run `ibtmpi prep`)")
+        try:
+            with open(meta_path) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"{meta_path}: not valid JSON ({e})") from None
+        self.meta = meta
+        self._check_meta(meta_path)
+        self.classes = list(meta["classes"])
+        self.image_shape = tuple(int(s) for s in meta["image_shape"])
+        self.mean = np.asarray(meta["mean"], np.float64)
+        self.std = np.asarray(meta["std"], np.float64)
+        self.splits = {}
+        for name, info in meta["splits"].items():
+            self.splits[name] = self._open_split(name, info)
+
+    # -- validation ---------------------------------------------------------
+    def _check_meta(self, where):
+        m = self.meta
+        if m.get("format") != FORMAT:
+            raise DatasetError(f"{where}: format is {m.get('format')!r}, "
+                               f"expected {FORMAT!r}")
+        if m.get("version") != VERSION:
+            raise DatasetError(f"{where}: format version {m.get('version')!r} "
+                               f"is not supported (this ibtmpi reads {VERSION})")
+        for key in ("classes", "image_shape", "splits", "mean", "std"):
+            if key not in m:
+                raise DatasetError(f"{where}: key {key!r} missing")
+        shp = m["image_shape"]
+        if (not isinstance(shp, list) or len(shp) != 3
+                or not all(isinstance(s, int) and s > 0 for s in shp)
+                or int(np.prod(shp)) > MAX_IMAGE_BYTES):
+            raise DatasetError(f"{where}: bad image_shape {shp!r} "
+                               f"(expected [H, W, C] of positive integers)")
+        if not m["classes"] or len(set(m["classes"])) != len(m["classes"]):
+            raise DatasetError(f"{where}: classes must be a non-empty list of "
+                               f"distinct names")
+        if "train" not in m["splits"]:
+            raise DatasetError(f"{where}: no 'train' split")
+        c = shp[2]
+        if len(m["mean"]) != c or len(m["std"]) != c or min(m["std"]) <= 0:
+            raise DatasetError(f"{where}: mean/std must have {c} entries, std > 0")
+
+    def _open_split(self, name, info):
+        h5py = _h5()
+        files = info.get("files")
+        counts = info.get("counts")
+        if (not isinstance(files, list) or not isinstance(counts, list)
+                or len(files) != len(counts) or not files):
+            raise DatasetError(f"{self.path}/dataset.json: split {name!r} needs "
+                               f"matching non-empty 'files' and 'counts' lists")
+        paths, labels = [], []
+        for fname, count in zip(files, counts):
+            # confine to the dataset directory: no absolute paths, no '..'
+            if (os.path.isabs(fname) or os.path.basename(fname) != fname
+                    or fname in (".", "..")):
+                raise DatasetError(f"{self.path}/dataset.json: file name "
+                                   f"{fname!r} must be a plain name inside "
+                                   f"the dataset directory")
+            p = os.path.join(self.path, fname)
+            if not os.path.isfile(p):
+                raise DatasetError(f"{p} is missing (listed in dataset.json, "
+                                   f"split {name!r})")
+            try:
+                f = h5py.File(p, "r")
+            except OSError as e:
+                raise DatasetError(f"{p}: cannot be read as HDF5 (truncated or "
+                                   f"corrupt?): {e}") from None
+            with f:
+                labels.append(self._check_file(p, f, count))
+            paths.append(p)
+        return SplitReader(name, paths, counts, np.concatenate(labels))
+
+    def _check_file(self, p, f, count):
+        for key in ("images", "labels"):
+            if key not in f:
+                raise DatasetError(f"{p}: dataset {key!r} missing")
+        im, lb = f["images"], f["labels"]
+        if im.dtype != np.uint8 or im.ndim != 4:
+            raise DatasetError(f"{p}: 'images' must be uint8 (n, H, W, C), "
+                               f"found {im.dtype} with shape {im.shape}")
+        if tuple(im.shape[1:]) != self.image_shape:
+            raise DatasetError(
+                f"{p}: images are {tuple(im.shape[1:])}, dataset.json says "
+                f"{self.image_shape} (shape mismatch between files)")
+        if lb.ndim != 1 or lb.dtype.kind not in "iu":
+            raise DatasetError(f"{p}: 'labels' must be integer (n,), found "
+                               f"{lb.dtype} {lb.shape}")
+        if lb.shape[0] != im.shape[0]:
+            raise DatasetError(f"{p}: {im.shape[0]} images but {lb.shape[0]} labels")
+        if im.shape[0] == 0:
+            raise DatasetError(f"{p}: empty file (no images); remove it from "
+                               f"dataset.json or re-run `ibtmpi prep`")
+        if im.shape[0] != count:
+            raise DatasetError(f"{p}: holds {im.shape[0]} images, dataset.json "
+                               f"says {count}")
+        cls = f.attrs.get("classes")
+        if cls is not None:
+            try:
+                cls = json.loads(cls)
+            except (TypeError, ValueError):
+                raise DatasetError(f"{p}: attribute 'classes' is not a JSON list") from None
+            if list(cls) != self.classes:
+                raise DatasetError(f"{p}: classes {cls} differ from "
+                                   f"dataset.json's {self.classes}")
+        labels = lb[:].astype(np.int64)
+        bad = np.flatnonzero((labels < 0) | (labels >= len(self.classes)))
+        if len(bad):
+            raise DatasetError(
+                f"{p}: label {labels[bad[0]]} at row {bad[0]} is out of range "
+                f"0..{len(self.classes) - 1} ({len(bad)} bad labels)")
+        try:
+            im[im.shape[0] - 1]               # truncated files fail here
+        except (OSError, RuntimeError) as e:
+            raise DatasetError(f"{p}: images cannot be read (truncated?): {e}") from None
+        return labels
+
+    # -- access -----------------------------------------------------------
+    @property
+    def n_classes(self):
+        return len(self.classes)
+
+    def split(self, name):
+        if name not in self.splits:
+            raise DatasetError(f"{self.path}: no {name!r} split (has "
+                               f"{', '.join(self.splits)})")
+        return self.splits[name]
+
+    def close(self):
+        for s in self.splits.values():
+            s.close()

@@ -54,6 +54,18 @@ def build_parser():
                        add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
+    p = sub.add_parser(
+        "train", help="train with IBT / consensus ADMM (under mpiexec: rank 0 master)",
+        description="Train a CNN by Incremental Block Training. Under "
+                    "`mpiexec -n N+1`, rank 0 is the master and ranks 1..N "
+                    "the workers; a single process is the N = 1 baseline.")
+    p.add_argument("--config", help="TOML run configuration (see examples/)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value (repeatable)")
+    p.add_argument("--simulate", type=_positive_int,
+                   help="run N logical workers in this one process")
+    p.add_argument("--quiet", action="store_true")
+
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
     p.add_argument("--model", default="reference")
     p.add_argument("--image-size", type=_positive_int, default=64)
@@ -157,12 +169,56 @@ def cmd_demo(args):
     return 0
 
 
+def cmd_train(args):
+    from . import comm, threads
+    from .config import ConfigError, load
+    from .dataset import DatasetError
+    from .trainer import Trainer
+    size, rank = comm.world_size(), comm.world_rank()
+    overrides = list(args.set)
+    if args.simulate:
+        overrides.append(f"run.simulate={args.simulate}")
+    if args.quiet:
+        overrides.append("run.quiet=true")
+
+    def log(msg):
+        if rank == 0:
+            print(msg, flush=True)
+    try:
+        cfg = load(args.config, overrides)
+        threads.configure(cfg["run"]["threads"])
+        trainer = Trainer(cfg, log=log)
+    except (ConfigError, DatasetError, ValueError, OSError) as e:
+        return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
+    try:
+        trainer.run()
+    except Exception:
+        import traceback
+        msg = f"[rank {rank}] ibtmpi train failed:\n" + traceback.format_exc()
+        return _fail(msg, 1, size, rank, every_rank=True)
+    return 0
+
+
+def _fail(msg, code, size, rank, every_rank=False):
+    """Report and end the job. Under MPI a failing rank aborts the world so
+    no other rank waits forever in a collective."""
+    if rank == 0 or every_rank:
+        print(msg, file=sys.stderr, flush=True)
+    if size > 1:
+        from . import comm
+        if rank != 0 and not every_rank:
+            time.sleep(2)          # let rank 0 print the (same) message first
+        comm.abort(code)
+    return code
+
+
 def cmd_prep(args):
     from .data_prep.cli import main as prep_main
     return prep_main(args.rest, prog="ibtmpi prep")
 
 
-COMMANDS = {"info": cmd_info, "demo": cmd_demo, "prep": cmd_prep}
+COMMANDS = {"info": cmd_info, "demo": cmd_demo, "prep": cmd_prep,
+            "train": cmd_train}
 
 
 def main(argv=None):

@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""Reader throughput vs the reference CNN's consumption rate.
+
+Measures, on one dataset directory (made if missing: the default synthetic
+64x64 set), images/s delivered as normalised float32 NCHW minibatches by
+WorkerData for cache=disk (per-image HDF5 reads) and cache=memory, each with
+the background prefetch, plus the training-step rate of the reference CNN
+at the same batch size, and prints the ratios (target >= 10x). Then it runs
+a few real blocks of training with prefetch on and reports the time the
+training loop spent waiting for data.
+
+Usage: python benchmarks/bench_reader.py [--data DIR] [--split 496] [--batch 64]
+"""
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from ibtmpi.dataset import Dataset
+from ibtmpi.loader import WorkerData
+from ibtmpi.model import Model
+from ibtmpi.optim import SGD
+from ibtmpi.schedule import Schedule
+
+
+def reader_rate(tr, sched, ds, cache, blocks):
+    t_open = time.perf_counter()
+    wd = WorkerData(tr, sched, 0, ds.mean, ds.std, cache=cache, prefetch=True)
+    t_ready = time.perf_counter()
+    wd.block(0, 0)
+    n, t0 = 0, time.perf_counter()
+    for b in range(1, blocks + 1):
+        p, bb = sched.locate(b)
+        n += sum(len(y) for _, y in wd.block(p, bb))
+    rate = n / (time.perf_counter() - t0)
+    wd.close()
+    return rate, t_ready - t_open
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="data/synth64")
+    ap.add_argument("--split", type=int, default=496)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=12)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    if not os.path.exists(a.data):
+        from ibtmpi.data_prep.prep import prep_synth
+        print(f"making {a.data} (25,000 synthetic 64x64 images)...")
+        prep_synth(a.data, quiet=True)
+    threadpool_limits(a.threads)
+    ds = Dataset(a.data)
+    tr = ds.split("train")
+    sched = Schedule(tr.n, 1, a.split, a.batch)
+    disk, _ = reader_rate(tr, sched, ds, "disk", a.blocks)
+    mem, t_cache = reader_rate(tr, sched, ds, "memory", a.blocks)
+
+    h, w, c = ds.image_shape
+    model = Model("reference", (c, h, w), ds.n_classes)
+    opt = SGD(model.params, lr=1e-4)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((a.batch, c, h, w), dtype=np.float32)
+    y = rng.integers(0, ds.n_classes, a.batch)
+    times = []
+    for i in range(8):
+        t0 = time.perf_counter()
+        model.loss_and_grad(x, y)
+        opt.step(model.grads)
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    cnn = a.batch / statistics.median(times)
+
+    # real loop: time spent waiting on data with prefetch on (disk cache)
+    wd = WorkerData(tr, sched, 0, ds.mean, ds.std, cache="disk", prefetch=True)
+    wait = compute = 0.0
+    for b in range(4):
+        t0 = time.perf_counter()
+        mbs = wd.block(*sched.locate(b))
+        t1 = time.perf_counter()
+        for xb, yb in mbs[:3]:
+            model.loss_and_grad(xb, yb)
+            opt.step(model.grads)
+        t2 = time.perf_counter()
+        if b:                       # block 0 has nothing to overlap with
+            wait += t1 - t0
+            compute += t2 - t1
+    wd.close()
+    print(f"dataset {a.data}: {tr.n} train images {h}x{w}x{c}, split {a.split}, batch {a.batch}, "
+          f"{a.threads} BLAS thread(s)")
+    print("| source | images/s | x CNN consumption |")
+    print("|---|---|---|")
+    print(f"| reader, cache=disk (per-image HDF5 reads) + prefetch | {disk:,.0f} | {disk / cnn:.0f}x |")
+    print(f"| reader, cache=memory + prefetch | {mem:,.0f} | {mem / cnn:.0f}x |")
+    print(f"| reference CNN training step (consumer) | {cnn:,.0f} | 1x |")
+    print(f"memory cache fill for {tr.n} images: {t_cache:.2f} s")
+    print(f"training loop with disk reads + prefetch: waited {wait * 1e3:.1f} ms for data "
+          f"vs {compute * 1e3:.0f} ms computing ({wait / max(compute, 1e-9):.2%})")
+
+
+if __name__ == "__main__":
+    main()

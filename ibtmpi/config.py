@@ -1,0 +1,203 @@
+"""Run configuration: TOML with sections data, model, algorithm, optim, run.
+
+``load(path, overrides)`` merges the defaults below, the file, and
+``--set section.key=value`` overrides (values parsed as TOML, bare words
+as strings), then validates: unknown sections/keys are errors with a
+did-you-mean, types and ranges are checked. Every default is documented
+in docs/config.md. Test: tests/unit/test_config.py.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+
+try:
+    import tomllib
+except ImportError:                       # Python < 3.11
+    import tomli as tomllib
+
+
+class ConfigError(Exception):
+    """Bad configuration: reported in one line, exit status 2."""
+
+
+ALGORITHMS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
+
+DEFAULTS = {
+    "data": {
+        "path": "",              # dataset directory (ibtmpi prep ...)
+        "split_size": 0,         # samples per worker per block; 0: use block_size
+        "block_size": 0,         # samples per block over all workers (split = block / N)
+        "batch": 32,             # minibatch size of the local SGD steps
+        "augment": False,        # random flips / 90-degree rotations
+        "cache": "auto",         # auto | memory | disk
+        "seed": 0,               # shuffling and augmentation
+    },
+    "model": {
+        "layers": "reference",   # preset name or a list of layer tables
+        "seed": 0,               # He initialisation
+    },
+    "algorithm": {
+        "name": "ibt",
+        "rho": 0.01,             # ADMM penalty (admm, ibt)
+        "l2": 0.0,               # lambda of the consensus L2 term (admm z-update)
+        "adaptive_rho": False,   # residual balancing (Boyd et al. 3.4.1)
+        "rho_mu": 10.0,
+        "rho_tau": 2.0,
+        "over_relaxation": 1.0,  # alpha in [1, 1.8] (admm, ibt)
+        "dual_reset": False,     # zero the duals at every block
+        "block_momentum": -1.0,  # eta; < 0 means 1 - 1/N (bmuf, ibt)
+        "block_lr": 1.0,         # zeta (bmuf, ibt)
+        "nesterov": True,        # NBM start point (bmuf); ibt is always Nesterov
+        "easgd_beta": 0.9,       # EASGD: alpha = beta / N
+        "warmup_steps": 0,       # single-worker SGD steps on worker 0's data before block 0
+    },
+    "optim": {
+        "lr": 0.02,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+        "nesterov": False,
+        "reset_momentum": True,  # zero the local momentum after every sync
+    },
+    "run": {
+        "dir": "runs/run",       # run directory (config, metrics, model)
+        "passes": 1.0,           # passes over the training data (fractions ok)
+        "eval_every": 0,         # evaluate z on val every k blocks; 0: each pass
+        "threads": "auto",       # BLAS threads per rank
+        "quiet": False,
+        "simulate": 0,           # > 0: N logical workers in one process
+    },
+}
+
+_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def _suggest(word, options):
+    m = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean {m[0]!r}?)" if m else ""
+
+
+def _coerce(section, key, value):
+    default = DEFAULTS[section][key]
+    where = f"{section}.{key}"
+    if section == "model" and key == "layers":
+        if not isinstance(value, (str, list)):
+            raise ConfigError(f"{where} must be a preset name or a list of layers")
+        return value
+    if key == "threads":
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ConfigError(f"{where} must be 'auto' or an integer >= 1, got {value!r}")
+    t = type(default)
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not t:
+        raise ConfigError(f"{where} must be {_TYPES[t]}, got {value!r}")
+    return value
+
+
+def _merge(cfg, section, key, value, origin):
+    if section not in DEFAULTS:
+        raise ConfigError(f"{origin}: unknown section [{section}]"
+                          f"{_suggest(section, list(DEFAULTS))}")
+    if key not in DEFAULTS[section]:
+        raise ConfigError(f"{origin}: unknown key {section}.{key}"
+                          f"{_suggest(key, list(DEFAULTS[section]))}")
+    cfg[section][key] = _coerce(section, key, value)
+
+
+def parse_override(text):
+    """'section.key=value' -> (section, key, value); value parsed as TOML."""
+    if "=" not in text or "." not in text.split("=", 1)[0]:
+        raise ConfigError(f"--set expects section.key=value, got {text!r}")
+    lhs, rhs = text.split("=", 1)
+    section, key = lhs.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {rhs}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = rhs.strip()                   # bare word: a string
+    return section, key, value
+
+
+def load(path=None, overrides=()):
+    cfg = copy.deepcopy(DEFAULTS)
+    if path:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+        for section, table in raw.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: top-level key {section!r} must be a "
+                                  f"[section]{_suggest(section, list(DEFAULTS))}")
+            for key, value in table.items():
+                _merge(cfg, section, key, value, path)
+    for text in overrides:
+        s, k, v = parse_override(text)
+        _merge(cfg, s, k, v, "--set")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg):
+    d, a, o, r = cfg["data"], cfg["algorithm"], cfg["optim"], cfg["run"]
+    checks = [
+        (d["batch"] >= 1, "data.batch must be >= 1"),
+        (d["split_size"] >= 0 and d["block_size"] >= 0,
+         "data.split_size and data.block_size must be >= 0"),
+        (not (d["split_size"] and d["block_size"]),
+         "give data.split_size or data.block_size, not both"),
+        (d["cache"] in ("auto", "memory", "disk"), "data.cache must be auto, memory or disk"),
+        (a["name"] in ALGORITHMS,
+         f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {a['name']!r}"
+         + _suggest(a["name"], ALGORITHMS)),
+        (a["rho"] > 0, f"algorithm.rho must be > 0, got {a['rho']}"),
+        (a["l2"] >= 0, "algorithm.l2 must be >= 0"),
+        (1.0 <= a["over_relaxation"] <= 1.8, "algorithm.over_relaxation must be in [1, 1.8]"),
+        (a["rho_mu"] > 1 and a["rho_tau"] > 1, "algorithm.rho_mu and rho_tau must be > 1"),
+        (a["block_momentum"] < 1, "algorithm.block_momentum must be < 1 (or < 0 for 1 - 1/N)"),
+        (a["block_lr"] > 0, "algorithm.block_lr must be > 0"),
+        (0 < a["easgd_beta"] <= 1, "algorithm.easgd_beta must be in (0, 1]"),
+        (a["warmup_steps"] >= 0, "algorithm.warmup_steps must be >= 0"),
+        (o["lr"] > 0, f"optim.lr must be > 0, got {o['lr']}"),
+        (0 <= o["momentum"] < 1, "optim.momentum must be in [0, 1)"),
+        (o["weight_decay"] >= 0, "optim.weight_decay must be >= 0"),
+        (r["passes"] > 0, "run.passes must be > 0"),
+        (r["eval_every"] >= 0, "run.eval_every must be >= 0"),
+        (r["simulate"] >= 0, "run.simulate must be >= 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+    if not d["path"]:
+        raise ConfigError("data.path is not set: give it in the config or with "
+                          "--set data.path=DIR (make one with `ibtmpi prep synth DIR`)")
+
+
+def to_toml(cfg):
+    """The resolved config as TOML text (written into the run directory)."""
+    def val(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {val(x)}" for k, x in v.items()) + "}"
+        return repr(v)
+    out = []
+    for s, table in cfg.items():
+        out.append(f"[{s}]")
+        out += [f"{k} = {val(v)}" for k, v in table.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def digest(cfg):
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,189 @@
+"""Consensus algorithms as plain array math (no MPI): DESIGN.md section 3.
+
+Per block every worker i starts from ``start_point()`` (easgd: its own w),
+runs local SGD with ``extra_grad`` (the prox or elastic term), then packs
+``contribution`` into the block's single Allreduce. Every rank then calls
+``update(S, stats)`` on the SAME reduced sum S, so z is computed
+identically everywhere, and each worker calls ``worker_end``.
+
+  ma     z = S/N,                      S = sum w_i
+  admm   z = N*rho*avg/(l2 + N*rho),   S = sum (w^_i + u_i);  u_i += w^_i - z
+  bmuf   G = S/N - z_g; v = eta*v + zeta*G; z = z_g + v; z_g = z + eta*v (NBM) or z
+  ibt    as bmuf with S = sum (w^_i + u_i), prox centre z_g;  u_i += w^_i - z
+  easgd  S = sum (w_i - z); z += alpha*S; w_i -= alpha*(w_i - z_old)
+(w^ = a*w + (1-a)*centre: over-relaxation; a = 1 by default.)
+
+sum_i u_i is tracked on every rank as U = S - N*z (no extra collective),
+which gives the primal residual sum_i ||w_i - z||^2 from the packed
+sum_i ||w_i - z_s||^2 about the block's start point z_s.
+Tests: tests/unit/test_consensus.py (incl. convergence to the centralised
+optimum of a convex problem), tests/mpi/test_trainer_mpi.py.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+BLOCK_ALGOS = ("sgd", "ma", "admm", "bmuf", "ibt", "easgd")
+
+
+class WorkerState:
+    """What one worker keeps between blocks."""
+
+    def __init__(self, p, dtype, algo):
+        self.u = np.zeros(p, dtype) if algo in ("admm", "ibt") else None
+        self.w_own = None                 # easgd: the worker's own model
+        self.w_hat = None                 # over-relaxed point of this block
+
+
+class Consensus:
+    def __init__(self, algo, z0, n_workers, acfg):
+        if algo not in BLOCK_ALGOS:
+            raise ValueError(f"{algo!r} is not a block algorithm")
+        if algo == "sgd" and n_workers != 1:
+            raise ValueError("algorithm 'sgd' is the single-worker baseline: run "
+                             "it without mpiexec (or -n 1); use ma/admm/bmuf/ibt/"
+                             "easgd/ssgd with several workers")
+        self.algo, self.n = algo, int(n_workers)
+        dt = z0.dtype
+        self.dtype = dt
+        self.z = z0.copy()                # consensus model
+        self.zg = z0.copy()               # start point / prox centre (bmuf, ibt)
+        self.z_prev = z0.copy()
+        self.v = np.zeros_like(z0)        # block momentum (bmuf, ibt)
+        self.U = np.zeros_like(z0)        # sum of the workers' duals
+        self.rho = float(acfg.get("rho", 0.01))
+        self.l2 = float(acfg.get("l2", 0.0))
+        self.alpha_or = float(acfg.get("over_relaxation", 1.0))
+        eta = float(acfg.get("block_momentum", -1.0))
+        self.eta = 1.0 - 1.0 / self.n if eta < 0 else eta
+        self.zeta = float(acfg.get("block_lr", 1.0))
+        self.nesterov = algo == "ibt" or bool(acfg.get("nesterov", True))
+        self.adaptive = bool(acfg.get("adaptive_rho", False)) and algo in ("admm", "ibt")
+        self.mu, self.tau = float(acfg.get("rho_mu", 10.0)), float(acfg.get("rho_tau", 2.0))
+        self.dual_reset = bool(acfg.get("dual_reset", False))
+        self.easgd_alpha = float(acfg.get("easgd_beta", 0.9)) / self.n
+        self.rho_scale = 1.0              # rho_old / rho_new of the last update
+        self.blocks = 0
+
+    # -- what workers start from ------------------------------------------
+    def start_point(self):
+        return self.zg if self.algo in ("bmuf", "ibt") else self.z
+
+    def centre(self):
+        """Prox centre (admm: z, ibt: z_g); None: no prox term."""
+        return {"admm": self.z, "ibt": self.zg}.get(self.algo)
+
+    def worker_begin(self, ws, w):
+        """Load the block's start into w (P,) in place."""
+        if self.dual_reset and ws.u is not None:
+            ws.u.fill(0)
+        if self.algo == "easgd":
+            if ws.w_own is None:
+                ws.w_own = self.z.copy()
+            np.copyto(w, ws.w_own)
+        else:
+            np.copyto(w, self.start_point())
+
+    def extra_grad(self, ws):
+        """g += rho*(w - c + u) for admm/ibt; None otherwise."""
+        c = self.centre()
+        if c is None:
+            return None
+        tmp = np.empty_like(c)
+        rho = self.dtype.type(self.rho)
+
+        def add(w, g):
+            np.subtract(w, c, out=tmp)
+            np.add(tmp, ws.u, out=tmp)
+            np.multiply(tmp, rho, out=tmp)
+            np.add(g, tmp, out=g)
+        return add
+
+    def contribution(self, ws, w, out):
+        """Write worker i's share of S into out (P,); return ||w - z_s||^2."""
+        zs = self.start_point()
+        d = (w - zs).astype(np.float64)
+        q = float(d @ d)
+        if self.algo in ("admm", "ibt"):
+            c = self.centre()
+            if self.alpha_or != 1.0:
+                a = self.dtype.type(self.alpha_or)
+                ws.w_hat = a * w + (self.dtype.type(1) - a) * c
+            else:
+                ws.w_hat = w.copy()
+            np.add(ws.w_hat, ws.u, out=out)
+        elif self.algo == "easgd":
+            np.subtract(w, self.z, out=out)
+            ws.w_own = w.copy()
+        else:
+            np.copyto(out, w)
+        return q
+
+    # -- the replicated update (same on every rank) ------------------------
+    def update(self, S, q_sum):
+        """S: reduced sum (P,); q_sum: sum_i ||w_i - z_s||^2. Returns diagnostics."""
+        n, dt = self.n, self.dtype.type
+        zs = self.start_point().copy()
+        np.copyto(self.z_prev, self.z)
+        if self.dual_reset:
+            self.U.fill(0)               # workers zeroed their u this block
+        if self.algo in ("admm", "ibt"):
+            sum_w = S - self.U           # sum of the (over-relaxed) w_i
+        elif self.algo == "easgd":
+            sum_w = S + dt(n) * self.z
+        else:
+            sum_w = S
+        if self.algo in ("sgd", "ma"):
+            np.multiply(S, dt(1.0 / n), out=self.z)
+        elif self.algo == "admm":
+            scale = n * self.rho / (self.l2 + n * self.rho)
+            np.multiply(S, dt(scale / n), out=self.z)
+        elif self.algo in ("bmuf", "ibt"):
+            G = S * dt(1.0 / n) - self.zg
+            self.v *= dt(self.eta)
+            self.v += dt(self.zeta) * G
+            np.add(self.zg, self.v, out=self.z)
+            if self.nesterov:
+                np.add(self.z, dt(self.eta) * self.v, out=self.zg)
+            else:
+                np.copyto(self.zg, self.z)
+        elif self.algo == "easgd":
+            self.z += dt(self.easgd_alpha) * S
+        if self.algo in ("admm", "ibt"):
+            np.subtract(S, dt(n) * self.z, out=self.U)
+        # residuals (float64): sum ||w_i - z||^2 from sum ||w_i - z_s||^2
+        dz = (self.z - zs).astype(np.float64)
+        sw = (sum_w - dt(n) * zs).astype(np.float64)
+        primal2 = max(q_sum - 2.0 * float(dz @ sw) + n * float(dz @ dz), 0.0)
+        step = (self.z - self.z_prev).astype(np.float64)
+        dual = math.sqrt(n) * self.rho * math.sqrt(float(step @ step))
+        primal = math.sqrt(primal2)
+        rho_used = self.rho
+        self.rho_scale = 1.0
+        if self.adaptive:
+            if primal > self.mu * dual:
+                self.rho_scale = 1.0 / self.tau
+            elif dual > self.mu * primal:
+                self.rho_scale = self.tau
+            if self.rho_scale != 1.0:
+                self.rho /= self.rho_scale          # rho_new = rho_old / scale
+                self.U *= dt(self.rho_scale)         # u scales by rho_old/rho_new
+        self.blocks += 1
+        return {"primal": primal, "dual": dual, "rho": rho_used}
+
+    def worker_end(self, ws, w):
+        """Local updates after the consensus step (w: the worker's model)."""
+        if self.algo in ("admm", "ibt"):
+            ws.u += ws.w_hat
+            ws.u -= self.z
+            if self.rho_scale != 1.0:
+                ws.u *= self.dtype.type(self.rho_scale)
+        elif self.algo == "easgd":
+            # elastic pull towards the OLD z (symmetric with the z update)
+            ws.w_own -= self.dtype.type(self.easgd_alpha) * (ws.w_own - self.z_prev)
+
+    def state(self):
+        return {"z": self.z, "zg": self.zg, "v": self.v, "U": self.U,
+                "rho": self.rho, "blocks": self.blocks}

@@ -185,6 +185,9 @@ def cmd_train(args):
         if rank == 0:
             print(msg, flush=True)
     try:
+        if args.simulate and size > 1:
+            raise ConfigError("--simulate runs N logical workers in ONE process; "
+                              "launch it without mpiexec")
         cfg = load(args.config, overrides)
         threads.configure(cfg["run"]["threads"])
         trainer = Trainer(cfg, log=log)

@@ -42,8 +42,10 @@ class Trainer:
         self.algo = a["name"]
         size, rank = mpi.world_size(), mpi.world_rank()
         self.simulate = int(r["simulate"])
-        if self.simulate and size > 1:
-            raise ValueError("run.simulate runs in ONE process; launch it without mpiexec")
+        self.comm = None
+        if self.simulate:                 # one process, whatever the world is
+            size, rank = 1, 0
+            self.comm = mpi.self_comm()
         if self.simulate:
             self.n_workers, self.local = self.simulate, list(range(self.simulate))
         elif size == 1:
@@ -158,7 +160,7 @@ class Trainer:
             send[P:P + 4] += np.array([loss_sum, cnt, corr, q], np.float32)
             send[P + NS + i] = t2 - t1
             send[P + NS + n + i] = t1 - t0
-        mpi.allreduce_sum(send, recv, work=work if self.is_master else None)
+        mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None)
         diag = self.cons.update(recv[:P], float(recv[P + 3]))
         for i in self.local:
             self.cons.worker_end(self.states[i], self.model.params)
@@ -190,7 +192,7 @@ class Trainer:
                 send[P + NS + i] += time.perf_counter() - t0
                 if s == 0:
                     send[P + NS + n + i] = t_data[i]
-            mpi.allreduce_sum(send, recv, work=work if self.is_master else None)
+            mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None)
             g = recv[:P] * np.float32(1.0 / n)
             self.opt.step(g)            # same averaged gradient on every rank
             tot += recv[P:]
@@ -290,7 +292,7 @@ class Trainer:
                    "allreduce_calls": mpi.STATS["allreduce"],
                    "allreduce_bytes": mpi.STATS["bytes"],
                    "images": int(images), "simulated": bool(self.simulate),
-                   "world_size": mpi.world_size()}
+                   "world_size": 1 if self.simulate else mpi.world_size()}
         if self.is_master:
             if self.test is not None:
                 out = {}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Run the whole test suite against the INSTALLED package.
 
-Stages: tests/unit with pytest; tests/mpi under `mpiexec -n 2` and `-n 3`
+Stages: tests/unit with pytest; tests/mpi under `mpiexec -n 2`, `-n 3`, `-n 4`
 (--with-mpi); a smoke run of the installed `ibtmpi` command from a
 directory outside the repository. Run it with the venv's python:
     .venv/bin/python tests/run_all.py [-k EXPR] [--no-mpi]
@@ -22,6 +22,7 @@ import xml.etree.ElementTree as ET
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BIN = os.path.dirname(sys.executable)
+STAGE_TIMEOUT = 1200        # a hung MPI stage must not stall CI
 
 
 def tool(name):
@@ -48,7 +49,11 @@ def counts(xml_files):
 def run_stage(name, cmd, xml_glob, tmp):
     print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
-    rc = subprocess.call(cmd, cwd=ROOT)
+    try:
+        rc = subprocess.call(cmd, cwd=ROOT, timeout=STAGE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        print(f"=== {name}: killed after {STAGE_TIMEOUT} s (hang?)", flush=True)
+        rc = 124
     xmls = glob.glob(os.path.join(tmp, xml_glob))
     p, f, s = counts(xmls) if xmls else (0, 0, 0)
     ok = rc == 0 and p > 0 and f == 0
@@ -90,7 +95,7 @@ def main():
                         f"--junitxml={tmp}/unit.xml"] + extra, "unit.xml")]
     if not args.no_mpi:
         mpiexec = tool("mpiexec")
-        for n in (2, 3):
+        for n in (2, 3, 4):
             stages.append((f"mpi-n{n}", [
                 mpiexec, "-n", str(n), pytest, "--with-mpi", "tests/mpi", "-q",
                 "-p", "no:cacheprovider", f"--junitxml={tmp}/mpi{n}.xml"] + extra,

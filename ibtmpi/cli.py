@@ -1,7 +1,7 @@
 """Command line: ``ibtmpi <command>`` (also ``python -m ibtmpi``).
 
 Commands: ``info`` (versions, MPI library, BLAS threads, model summary),
-``demo`` (single-process training on built-in synthetic data) and ``prep``
+``demo`` (synthetic data + an MPI run with master and 2 workers), ``train`` and ``prep``
 (dataset tools, also installed as ``ibtmpi-prep``). Bad input
 exits with status 2 and a one-line message, never a traceback.
 """
@@ -72,24 +72,21 @@ def build_parser():
     p.add_argument("--classes", type=_positive_int, default=5)
 
     p = sub.add_parser(
-        "demo", help="train single-process on built-in synthetic data",
-        description="Generate the synthetic 5-class overhead-image set in "
-                    "memory and train the model with SGD in one process "
-                    "(the N = 1 baseline), then print the test accuracy.")
-    p.add_argument("--n", type=_positive_int, default=3000,
-                   help="images in total, split 80/20 train/test (default 3000)")
+        "demo", help="make the synthetic demo data and train over MPI (master + 2 workers)",
+        description="Write the synthetic 5-class overhead-image set (if missing) "
+                    "and run `mpiexec -n WORKERS+1 ibtmpi train` on it with the "
+                    "MPI next to this Python (the mpich extra's) or on PATH.")
+    p.add_argument("--data", default="data/demo", help="dataset directory (default data/demo)")
+    p.add_argument("--n", type=_positive_int, default=10000,
+                   help="images to generate if the dataset is missing (default 10000)")
     p.add_argument("--image-size", type=_positive_int, default=32)
-    p.add_argument("--model", default="reference",
-                   help="preset: reference, softmax, tiny (default reference)")
-    p.add_argument("--epochs", type=_positive_int, default=4)
-    p.add_argument("--batch", type=_positive_int, default=32)
-    p.add_argument("--lr", type=_positive_float, default=0.02)
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=_threads, default="auto",
-                   help="BLAS threads (default: cores / ranks on the node)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=_positive_int, default=2)
+    p.add_argument("--algorithm", default="ibt")
+    p.add_argument("--passes", type=_positive_float, default=3.0)
+    p.add_argument("--model", default="reference")
+    p.add_argument("--run-dir", default="runs/demo")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--quiet", action="store_true")
     return ap
 
 
@@ -115,58 +112,50 @@ def cmd_info(args):
     return 0
 
 
+def find_mpiexec():
+    """The launcher of the MPI mpi4py runs on: the venv's own first."""
+    import os
+    import shutil
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(here):
+        return here
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise UsageError("no mpiexec found: install the 'mpich' extra "
+                         "(pip install 'ibtmpi[mpich]') or load your MPI module")
+    return found
+
+
 def cmd_demo(args):
-    import numpy as np
-    from . import serial, threads
-    from .data import channel_stats
-    from .optim import SGD
-    from .data_prep import synth
-
-    n_thr = threads.configure(args.threads, ranks_on_node=1)
-    t0 = time.perf_counter()
-    images, labels = synth.generate(args.n, args.image_size, seed=args.seed)
-    n_test = max(len(synth.CLASSES), args.n // 5)
-    xtr, ytr = images[n_test:], labels[n_test:]
-    xte, yte = images[:n_test], labels[:n_test]
-    if len(ytr) < args.batch:
-        raise UsageError(f"--n {args.n} leaves {len(ytr)} training images, "
-                         f"fewer than one batch of {args.batch}")
-    mean, std = channel_stats(xtr)
-    print(f"synthetic data: {len(ytr)} train / {len(yte)} test images "
-          f"{args.image_size}x{args.image_size}, classes "
-          f"{', '.join(synth.CLASSES)} ({time.perf_counter() - t0:.1f} s)")
-    model = _model(args.model, args.image_size, len(synth.CLASSES), args.seed)
-    opt = SGD(model.params, lr=args.lr, momentum=args.momentum,
-              weight_decay=args.weight_decay)
-    print(f"model {args.model}: {model.size:,d} parameters; SGD lr {args.lr} "
-          f"momentum {args.momentum}, batch {args.batch}, {n_thr} BLAS thread(s)")
-
-    bar = None
-    if not args.quiet and sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=args.epochs * (len(ytr) // args.batch), unit="step",
-                   leave=False)
-
-    def on_step(loss):
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}")
-
-    def log(rec):
-        msg = (f"epoch {rec['epoch']}/{args.epochs}: train loss "
-               f"{rec['train_loss']:.4f} acc {rec['train_acc']:.3f} "
-               f"({rec['steps'] * args.batch / rec['seconds']:.0f} img/s)")
-        (bar.write if bar is not None else print)(msg)
-
-    serial.train_epochs(model, opt, xtr, ytr, mean, std, args.batch,
-                        args.epochs, seed=args.seed, log=log, on_step=on_step)
-    if bar is not None:
-        bar.close()
-    loss, acc = serial.evaluate(model, xte, yte, mean, std)
-    print(f"test accuracy {acc:.4f} (loss {loss:.4f}) on {len(yte)} images, "
-          f"chance {1 / len(synth.CLASSES):.2f}; "
-          f"total {time.perf_counter() - t0:.1f} s")
-    return 0
+    import os
+    import subprocess
+    if not os.path.exists(os.path.join(args.data, "dataset.json")):
+        from .data_prep.prep import prep_synth
+        from .data_prep.writer import WriteError
+        try:
+            meta, dt = prep_synth(args.data, n=args.n, size=args.image_size,
+                                  seed=0, shards=2, quiet=args.quiet,
+                                  overwrite=os.path.exists(args.data))
+        except WriteError as e:
+            raise UsageError(str(e)) from None
+        print(f"wrote {args.data}: {meta['splits']['train']['n']} train / "
+              f"{meta['splits']['val']['n']} val / {meta['splits']['test']['n']} "
+              f"test synthetic images {args.image_size}x{args.image_size} in {dt:.1f} s",
+              flush=True)
+    cmd = [find_mpiexec(), "-n", str(args.workers + 1), sys.executable, "-m",
+           "ibtmpi", "train",
+           "--set", f"data.path={args.data}",
+           "--set", f"algorithm.name={args.algorithm}",
+           "--set", f"model.layers={args.model}",
+           "--set", "data.split_size=256", "--set", "data.batch=32",
+           "--set", f"run.passes={args.passes}",
+           "--set", f"run.dir={args.run_dir}"]
+    for s in args.set:
+        cmd += ["--set", s]
+    if args.quiet:
+        cmd.append("--quiet")
+    print("running: " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
 
 
 def cmd_train(args):
@@ -184,6 +173,10 @@ def cmd_train(args):
     def log(msg):
         if rank == 0:
             print(msg, flush=True)
+    if rank:
+        import warnings
+        fmt = warnings.formatwarning
+        warnings.formatwarning = lambda *a, **k: f"[rank {rank}] " + fmt(*a, **k)
     try:
         if args.simulate and size > 1:
             raise ConfigError("--simulate runs N logical workers in ONE process; "

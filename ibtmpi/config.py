@@ -52,7 +52,7 @@ DEFAULTS = {
         "block_lr": 1.0,         # zeta (bmuf, ibt)
         "nesterov": True,        # NBM start point (bmuf); ibt is always Nesterov
         "easgd_beta": 0.9,       # EASGD: alpha = beta / N
-        "warmup_steps": 0,       # single-worker SGD steps on worker 0's data before block 0
+        "warmup_steps": 0,       # ssgd steps (gradient Allreduce) before block 0
     },
     "optim": {
         "lr": 0.02,

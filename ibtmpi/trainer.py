@@ -200,6 +200,26 @@ class Trainer:
         recv[P:] = tot
         return p, b, {"primal": 0.0, "dual": 0.0, "rho": 0.0}
 
+    def _warmup(self, steps):
+        """`steps` ssgd steps (gradient Allreduce per step) on each worker's
+        first minibatches of pass 0; every rank applies the same averaged
+        gradient, so all end at the same model; the consensus restarts there."""
+        P, n = self.P, self.n_workers
+        mbs = {i: self.loaders[i].load(0, 0) for i in self.local}
+        for s in range(steps):
+            self.send.fill(0)
+            for i in self.local:
+                x, y = mbs[i][s % len(mbs[i])]
+                if len(y):
+                    self.model.loss_and_grad(x, y)
+                    self.send[:P] += self.model.grads
+            mpi.allreduce_sum(self.send, self.recv, self.comm)
+            self.opt.step(self.recv[:P] * np.float32(1.0 / n))
+        self.opt.reset()
+        self.cons = Consensus(self.algo, self.model.params, n, self.cfg["algorithm"])
+        self.z = self.cons.z
+        self.log(f"warm-up: {steps} gradient-allreduce steps before block 0")
+
     # -- the run --------------------------------------------------------------
     def run(self):
         cfg, r = self.cfg, self.cfg["run"]
@@ -222,13 +242,19 @@ class Trainer:
             bar = tqdm(total=self.total_blocks, unit="block", leave=False)
         t_start = time.perf_counter()
         cpu_start = time.process_time()
+        calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
         images = 0
         step_fn = self._block_ssgd if self.algo == "ssgd" else self._block_algo
+        if cfg["algorithm"]["warmup_steps"] and self.algo != "ssgd":
+            self._warmup(cfg["algorithm"]["warmup_steps"])
+
+        eval_cpu = [0.0]              # rank 0 CPU spent evaluating (useful work)
 
         def work():
             nonlocal pending
             if pending is None:
                 return False
+            c0 = time.process_time()
             try:
                 next(pending[1])
                 return True
@@ -236,14 +262,18 @@ class Trainer:
                 self._emit(pending[0], pending[2])
                 pending = None
                 return False
+            finally:
+                eval_cpu[0] += time.process_time() - c0
 
         for k in range(self.total_blocks):
             t0 = time.perf_counter()
             p, b, diag = step_fn(k, work)
             # the master finishes any evaluation still pending from block k-1
             if pending is not None:
+                c0 = time.process_time()
                 for _ in pending[1]:
                     pass
+                eval_cpu[0] += time.process_time() - c0
                 self._emit(pending[0], pending[2])
                 pending = None
             rv = self.recv[P:]
@@ -271,8 +301,10 @@ class Trainer:
                     out = {}
                     gen = self._eval_steps(self.val, self.z, out)
                     if self.local or k + 1 == self.total_blocks:
+                        c0 = time.process_time()
                         for _ in gen:         # nothing to overlap with: now
                             pass
+                        eval_cpu[0] += time.process_time() - c0
                         self._emit(rec, out)
                     else:
                         pending = (rec, gen, out)
@@ -289,8 +321,11 @@ class Trainer:
                    "passes": self.total_blocks / self.sched.blocks_per_pass,
                    "wall_s": wall, "rank0_cpu_s": cpu,
                    "rank0_cpu_share": cpu / wall if wall else 0.0,
-                   "allreduce_calls": mpi.STATS["allreduce"],
-                   "allreduce_bytes": mpi.STATS["bytes"],
+                   "rank0_eval_cpu_s": eval_cpu[0],
+                   # what rank 0 burns besides evaluating: waiting, updates, I/O
+                   "rank0_other_cpu_share": (cpu - eval_cpu[0]) / wall if wall else 0.0,
+                   "allreduce_calls": mpi.STATS["allreduce"] - calls0,
+                   "allreduce_bytes": mpi.STATS["bytes"] - bytes0,
                    "images": int(images), "simulated": bool(self.simulate),
                    "world_size": 1 if self.simulate else mpi.world_size()}
         if self.is_master:
@@ -311,7 +346,8 @@ class Trainer:
             if "test_acc" in summary:
                 self.log(f"final test accuracy {summary['test_acc']:.4f} "
                          f"(loss {summary['test_loss']:.4f}) after {summary['passes']:.2f} "
-                         f"pass(es), {wall:.1f} s; rank 0 CPU {summary['rank0_cpu_share']:.1%}")
+                         f"pass(es), {wall:.1f} s; rank 0 CPU {summary['rank0_cpu_share']:.1%} "
+                         f"({summary['rank0_other_cpu_share']:.1%} outside evaluation)")
         for ld in self.loaders.values():
             ld.close()
         self.summary = summary

@@ -32,7 +32,7 @@ def dataset():
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
-def make_cfg(path, algo, simulate=0):
+def make_cfg(path, algo, simulate=0, extra=()):
     """Collective when simulate == 0 (all ranks agree on the run dir)."""
     if simulate:
         run_dir = tempfile.mkdtemp(prefix="ibtmpi-sim-")
@@ -43,24 +43,31 @@ def make_cfg(path, algo, simulate=0):
                        "data.split_size=30", "data.batch=10", "model.layers=tiny",
                        "run.passes=1.5", "run.quiet=true", f"run.dir={run_dir}",
                        f"run.simulate={simulate}", "run.threads=1",
-                       "algorithm.rho=0.05"])
+                       "algorithm.rho=0.05", *extra])
 
 
-@pytest.mark.parametrize("algo", ["admm", "bmuf", "ibt", "ma", "easgd", "ssgd"])
-def test_mpi_matches_simulation_and_z_is_bitwise_identical(dataset, algo):
+CASES = [("admm", ()), ("bmuf", ()), ("ibt", ()), ("ma", ()), ("easgd", ()),
+         ("ssgd", ()),
+         ("admm", ("algorithm.adaptive_rho=true", "algorithm.over_relaxation=1.5")),
+         ("ibt", ("algorithm.warmup_steps=3", "algorithm.dual_reset=true"))]
+
+
+@pytest.mark.parametrize("algo,extra", CASES)
+def test_mpi_matches_simulation_and_z_is_bitwise_identical(dataset, algo, extra):
     n_workers = W.Get_size() - 1
     comm.STATS.update(allreduce=0, bytes=0)
-    t = Trainer(make_cfg(dataset, algo), log=lambda m: None)
+    t = Trainer(make_cfg(dataset, algo, extra=extra), log=lambda m: None)
     s = t.run()
     z = t.z.copy()
     # one Allreduce per block (ssgd: one per minibatch), on every rank
     expect = (sum(t.sched.steps_in_block(t.sched.locate(k)[1]) for k in range(t.total_blocks))
-              if algo == "ssgd" else t.total_blocks)
+              if algo == "ssgd" else t.total_blocks + t.cfg["algorithm"]["warmup_steps"])
     assert s["allreduce_calls"] == expect
     digests = W.allgather(hashlib.sha256(z.tobytes()).hexdigest())
     assert len(set(digests)) == 1, "z differs between ranks"
     if W.Get_rank() == 0:
-        sim = Trainer(make_cfg(dataset, algo, simulate=n_workers), log=lambda m: None)
+        sim = Trainer(make_cfg(dataset, algo, simulate=n_workers, extra=extra),
+                      log=lambda m: None)
         sim.run()
         scale = max(1.0, float(np.abs(sim.z).max()))
         err = float(np.abs(sim.z - z).max()) / scale

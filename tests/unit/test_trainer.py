@@ -94,3 +94,13 @@ def test_examples_parse():
     for f in os.listdir(root):
         if f.endswith(".toml"):
             load(os.path.join(root, f))
+
+
+def test_warmup_adds_its_allreduces_and_restarts_consensus(small_dataset, tmp_path):
+    cfg = cfg_for(small_dataset, tmp_path / "r", "ibt", n=2,
+                  **{"algorithm.warmup_steps": 5})
+    t = Trainer(cfg, log=lambda m: None)
+    init = t.model.params.copy()
+    s = t.run()
+    assert s["allreduce_calls"] == t.total_blocks + 5
+    assert not np.array_equal(init, t.z)

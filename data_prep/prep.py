@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from . import synth
-from .writer import DatasetWriter, WriteError, stratified_assign
+from .writer import DatasetWriter, WriteError, ensure_parent, stratified_assign
 
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".gif", ".webp"}
 
@@ -148,7 +148,7 @@ def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
         raise WriteError(f"{out} already exists; choose another directory or "
                          f"pass --overwrite")
     # Phase 1: decode everything into a disk-backed array (any data size).
-    tmpdir = tempfile.mkdtemp(prefix=".prep-", dir=os.path.dirname(os.path.abspath(out)))
+    tmpdir = tempfile.mkdtemp(prefix=".prep-", dir=ensure_parent(out))
     try:
         buf = np.lib.format.open_memmap(os.path.join(tmpdir, "decoded.npy"), "w+",
                                         np.uint8, (len(items), size, size, 3))

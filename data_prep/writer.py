@@ -28,6 +28,16 @@ class WriteError(Exception):
     pass
 
 
+def ensure_parent(out):
+    """Create the parent directory of `out` (like mkdir -p); return it."""
+    parent = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"cannot create directory {parent}: {e.strerror}") from None
+    return parent
+
+
 def shard_names(n_shards):
     return [f"train-{k:05d}-of-{n_shards:05d}.h5" for k in range(n_shards)]
 
@@ -40,9 +50,7 @@ class DatasetWriter:
         if os.path.exists(self.out) and not overwrite:
             raise WriteError(f"{out_dir} already exists; choose another "
                              f"directory or pass --overwrite")
-        parent = os.path.dirname(self.out)
-        if not os.path.isdir(parent):
-            raise WriteError(f"parent directory {parent} does not exist")
+        parent = ensure_parent(self.out)
         if not os.access(parent, os.W_OK):
             raise WriteError(f"cannot write in {parent}")
         if counts.get("train", 0) < 1:

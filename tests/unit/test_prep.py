@@ -137,3 +137,9 @@ def test_inspect(small_dataset, capsys):
     out = capsys.readouterr().out
     assert "OK" in out and "train: 480 images in 3 file(s)" in out
     assert prep_main(["inspect", small_dataset + "-missing"]) == 2
+
+
+def test_missing_parent_directories_are_created(tmp_path):
+    out = tmp_path / "a" / "b" / "ds"
+    assert prep_main(["synth", str(out), "--n", "60", "--size", "8", "--quiet"]) == 0
+    assert (out / "dataset.json").exists()

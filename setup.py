@@ -39,7 +39,10 @@ setup(
         # (build mpi4py against it instead of installing this extra).
         "mpich": ["mpich"],
         "gpu": ["cupy-cuda12x"],
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy"],
+        # nvidia-cuda-nvrtc-cu12: NVRTC without a GPU, to compile kernels/*.cu
+        # to PTX in the tests (ibtmpi/kernelcheck.py)
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy",
+                 "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'"],
         "bench": ["torch==2.13.0"],
     },
     entry_points={"console_scripts": ["ibtmpi = ibtmpi.cli:main",

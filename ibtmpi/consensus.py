@@ -28,6 +28,38 @@ import numpy as np
 BLOCK_ALGOS = ("sgd", "ma", "admm", "bmuf", "ibt", "easgd")
 
 
+# -- vector updates: references of kernels/consensus.cu ------------------------
+
+def axpby(out, a, x, b, y):
+    """out = a*x + b*y."""
+    dt = out.dtype.type
+    t = dt(b) * y
+    np.multiply(x, dt(a), out=out)
+    out += t
+    return out
+
+
+def dual_update(u, w_hat, z, scale):
+    """Scaled dual: u = (u + w_hat - z) * scale (scale = rho_old/rho_new)."""
+    u += w_hat
+    u -= z
+    if scale != 1.0:
+        u *= u.dtype.type(scale)
+
+
+def block_momentum(S, zg, v, z, inv_n, eta, zeta, nesterov):
+    """G = S/N - zg; v = eta*v + zeta*G; z = zg + v; zg = z + eta*v or z."""
+    dt = z.dtype.type
+    G = S * dt(inv_n) - zg
+    v *= dt(eta)
+    v += dt(zeta) * G
+    np.add(zg, v, out=z)
+    if nesterov:
+        np.add(z, dt(eta) * v, out=zg)
+    else:
+        np.copyto(zg, z)
+
+
 class WorkerState:
     """What one worker keeps between blocks."""
 
@@ -141,14 +173,8 @@ class Consensus:
             scale = n * self.rho / (self.l2 + n * self.rho)
             np.multiply(S, dt(scale / n), out=self.z)
         elif self.algo in ("bmuf", "ibt"):
-            G = S * dt(1.0 / n) - self.zg
-            self.v *= dt(self.eta)
-            self.v += dt(self.zeta) * G
-            np.add(self.zg, self.v, out=self.z)
-            if self.nesterov:
-                np.add(self.z, dt(self.eta) * self.v, out=self.zg)
-            else:
-                np.copyto(self.zg, self.z)
+            block_momentum(S, self.zg, self.v, self.z, 1.0 / n, self.eta,
+                           self.zeta, self.nesterov)
         elif self.algo == "easgd":
             self.z += dt(self.easgd_alpha) * S
         if self.algo in ("admm", "ibt"):
@@ -176,10 +202,7 @@ class Consensus:
     def worker_end(self, ws, w):
         """Local updates after the consensus step (w: the worker's model)."""
         if self.algo in ("admm", "ibt"):
-            ws.u += ws.w_hat
-            ws.u -= self.z
-            if self.rho_scale != 1.0:
-                ws.u *= self.dtype.type(self.rho_scale)
+            dual_update(ws.u, ws.w_hat, self.z, self.rho_scale)
         elif self.algo == "easgd":
             # elastic pull towards the OLD z (symmetric with the z update)
             ws.w_own -= self.dtype.type(self.easgd_alpha) * (ws.w_own - self.z_prev)

@@ -11,6 +11,19 @@ from __future__ import annotations
 import numpy as np
 
 
+def sgd_update(w, g, v, c, u, lr, mu, wd, rho, nesterov, has_prox):
+    """Reference of kernels/optim.cu sgd_update (in place on w and v):
+    g' = g + wd*w (+ rho*(w - c + u)); v = mu*v + g'; w -= lr*(v or g' + mu*v).
+    Same arithmetic as SGD.step with the ADMM prox hook (a test checks)."""
+    dt = w.dtype.type
+    gi = g + dt(wd) * w
+    if has_prox:
+        gi += dt(rho) * ((w - c) + u)
+    v *= dt(mu)
+    v += gi
+    w -= dt(lr) * ((gi + dt(mu) * v) if nesterov else v)
+
+
 class SGD:
     def __init__(self, params, lr=0.01, momentum=0.9, weight_decay=0.0,
                  nesterov=False, extra_grad=None):

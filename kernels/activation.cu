@@ -1,0 +1,18 @@
+// ReLU. NumPy twins: ibtmpi/ops.py relu_forward / relu_backward.
+
+// y = max(x, 0); y may alias x.
+extern "C" __global__ void relu_fwd(const float* x, float* y, long long n)
+{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)blockDim.x * gridDim.x)
+        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+// dx = dy where y > 0 else 0 (y: the forward output); dx may alias dy.
+extern "C" __global__ void relu_bwd(const float* dy, const float* __restrict__ y, float* dx,
+                                    long long n)
+{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)blockDim.x * gridDim.x)
+        dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}

@@ -1,0 +1,58 @@
+// Max-pool over k x k windows with stride s, no padding, NCHW contiguous.
+// NumPy twins: ibtmpi/ops.py maxpool_forward / maxpool_backward.
+// argmax (N, C, Ho, Wo) uint8 = window offset i*k + j of the FIRST maximum
+// in row-major scan order (strict '>': ties go to the lowest offset).
+
+extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __restrict__ y,
+                                       unsigned char* __restrict__ argmax,
+                                       int N, int C, int H, int W, int k, int stride,
+                                       int Ho, int Wo)
+{
+    const long long total = (long long)N * C * Ho * Wo;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)blockDim.x * gridDim.x) {
+        const int wo = (int)(idx % Wo);
+        const int ho = (int)((idx / Wo) % Ho);
+        const long long nc = idx / ((long long)Wo * Ho);          // n*C + c
+        const float* base = x + nc * H * W + (long long)(ho * stride) * W + wo * stride;
+        float best = base[0];
+        int arg = 0;
+        for (int i = 0; i < k; ++i)
+            for (int j = 0; j < k; ++j) {
+                const float v = base[(long long)i * W + j];
+                if (v > best) { best = v; arg = i * k + j; }
+            }
+        y[idx] = best;
+        argmax[idx] = (unsigned char)arg;
+    }
+}
+
+// Gather form (deterministic, no atomics): dx[n, c, h, w] sums dy over the
+// windows (ho, wo) that contain (h, w) and whose argmax points at it:
+// ho*stride <= h < ho*stride + k, i.e. ho in [ceil((h-k+1)/s), floor(h/s)].
+extern "C" __global__ void maxpool_bwd(const float* __restrict__ dy,
+                                       const unsigned char* __restrict__ argmax,
+                                       float* __restrict__ dx,
+                                       int N, int C, int H, int W, int k, int stride,
+                                       int Ho, int Wo)
+{
+    const long long total = (long long)N * C * H * W;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)blockDim.x * gridDim.x) {
+        const int w = (int)(idx % W);
+        const int h = (int)((idx / W) % H);
+        const long long nc = idx / ((long long)W * H);
+        const int ho_lo = h - k + 1 > 0 ? (h - k + 1 + stride - 1) / stride : 0;
+        const int wo_lo = w - k + 1 > 0 ? (w - k + 1 + stride - 1) / stride : 0;
+        const int ho_hi = min(h / stride, Ho - 1);
+        const int wo_hi = min(w / stride, Wo - 1);
+        float acc = 0.0f;
+        for (int ho = ho_lo; ho <= ho_hi; ++ho)
+            for (int wo = wo_lo; wo <= wo_hi; ++wo) {
+                const long long o = (nc * Ho + ho) * Wo + wo;
+                if (argmax[o] == (h - ho * stride) * k + (w - wo * stride))
+                    acc += dy[o];
+            }
+        dx[idx] = acc;
+    }
+}

@@ -1,0 +1,189 @@
+"""CUDA sources checked without a GPU: every kernels/*.cu compiles to PTX
+(NVRTC for compute_70/80/90, nvcc where present), and every kernel's logic
+runs on the host through the emulator (host_emu.h) and matches the NumPy
+reference. Odd grid/block sizes exercise the grid-stride loops.
+Files: conv.cu, pool.cu, activation.cu, softmax_xent.cu, optim.cu, consensus.cu."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from ibtmpi import consensus as cons_ref
+from ibtmpi import kernelcheck as kc
+from ibtmpi import ops
+from ibtmpi.kernels import SOURCE_DIR, sources
+from ibtmpi.optim import SGD, sgd_update
+
+RNG = np.random.default_rng(99)
+CU = {os.path.basename(p): p for p in sources()}
+GRIDS = [(1, 1), (3, 7), (64, 128)]
+
+
+def test_all_sources_present():
+    assert sorted(CU) == ["activation.cu", "consensus.cu", "conv.cu", "optim.cu",
+                          "pool.cu", "softmax_xent.cu"]
+
+
+@pytest.mark.parametrize("arch", kc.ARCHS)
+@pytest.mark.parametrize("name", sorted(CU))
+def test_compiles_with_nvrtc(name, arch):
+    ptx = kc.compile_ptx(CU[name], arch)
+    n = len(kc.signatures(CU[name]))
+    assert ptx.count(".entry") == n and n > 0
+    assert f".target sm_{arch.split('_')[1]}" in ptx
+
+
+def test_a_broken_kernel_fails_to_compile(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_text('extern "C" __global__ void k(float* x) { x[0] = undefined_thing; }\n')
+    with pytest.raises(kc.KernelError, match="does not compile"):
+        kc.compile_ptx(str(bad), "compute_80")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("name", sorted(CU))
+def test_compiles_with_nvcc(name):
+    for arch in ("sm_80", "sm_90"):
+        assert ".entry" in kc.compile_nvcc(CU[name], arch)
+
+
+@pytest.fixture(scope="module")
+def mods():
+    return {name[:-3]: kc.host_module(path) for name, path in CU.items()}
+
+
+GEOMS = [(2, 3, 7, 7, 3, 1, 1), (2, 2, 8, 6, 3, 2, 1), (1, 3, 9, 9, 5, 2, 2),
+         (2, 1, 5, 5, 1, 1, 0), (1, 2, 6, 7, 2, 2, 0)]
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("g", GEOMS)
+def test_im2col_col2im(mods, g, grid):
+    n, c, h, w, k, s, p = g
+    ho, wo = ops.conv_out_size(h, k, s, p), ops.conv_out_size(w, k, s, p)
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    col = np.full((c * k * k, n * ho * wo), np.nan, np.float32)
+    mods["conv"].im2col(*grid, x, col, n, c, h, w, k, k, s, p, ho, wo)
+    np.testing.assert_array_equal(col, ops.im2col(x, k, k, s, p))
+    dcol = RNG.standard_normal(col.shape).astype(np.float32)
+    dx = np.full(x.shape, np.nan, np.float32)
+    mods["conv"].col2im(*grid, dcol, dx, n, c, h, w, k, k, s, p, ho, wo)
+    np.testing.assert_allclose(dx, ops.col2im(dcol, x.shape, k, k, s, p),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_bias_kernels(mods, grid):
+    F, M = 5, 37
+    y = RNG.standard_normal((F, M)).astype(np.float32)
+    b = RNG.standard_normal(F).astype(np.float32)
+    ref = y + b[:, None]
+    mods["conv"].bias_add_rows(*grid, y, b, F, M)
+    np.testing.assert_array_equal(y, ref)
+    db = np.zeros(F, np.float32)
+    mods["conv"].bias_grad_rows(*grid, y, db, F, M)
+    np.testing.assert_allclose(db, y.sum(1), rtol=1e-5, atol=1e-5)
+    N, O = 6, 4
+    z = RNG.standard_normal((N, O)).astype(np.float32)
+    bo = RNG.standard_normal(O).astype(np.float32)
+    ref = z + bo
+    mods["conv"].bias_add_cols(*grid, z, bo, N, O)
+    np.testing.assert_array_equal(z, ref)
+    dbo = np.full(O, np.nan, np.float32)
+    mods["conv"].bias_grad_cols(*grid, z, dbo, N, O)
+    np.testing.assert_allclose(dbo, z.sum(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("k,s,h,w", [(2, 2, 8, 8), (2, 2, 7, 9), (3, 2, 9, 9),
+                                     (3, 3, 9, 7), (2, 1, 5, 6)])
+def test_maxpool(mods, k, s, h, w, grid):
+    n, c = 2, 3
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    x[0, 0] = 1.0                                  # a plane of ties
+    ho, wo = ops.conv_out_size(h, k, s, 0), ops.conv_out_size(w, k, s, 0)
+    y = np.empty((n, c, ho, wo), np.float32)
+    am = np.empty((n, c, ho, wo), np.uint8)
+    mods["pool"].maxpool_fwd(*grid, x, y, am, n, c, h, w, k, s, ho, wo)
+    ry, ram = ops.maxpool_forward(x, k, s)
+    np.testing.assert_array_equal(y, ry)
+    np.testing.assert_array_equal(am, ram)
+    dy = RNG.standard_normal(y.shape).astype(np.float32)
+    dx = np.full(x.shape, np.nan, np.float32)
+    mods["pool"].maxpool_bwd(*grid, dy, am, dx, n, c, h, w, k, s, ho, wo)
+    np.testing.assert_allclose(dx, ops.maxpool_backward(dy, ram, x.shape, k, s),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_relu(mods, grid):
+    x = RNG.standard_normal(101).astype(np.float32)
+    y = np.empty_like(x)
+    mods["activation"].relu_fwd(*grid, x, y, x.size)
+    np.testing.assert_array_equal(y, ops.relu_forward(x))
+    dy = RNG.standard_normal(101).astype(np.float32)
+    dx = np.empty_like(x)
+    mods["activation"].relu_bwd(*grid, dy, y, dx, x.size)
+    np.testing.assert_array_equal(dx, ops.relu_backward(dy, y))
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_softmax_xent(mods, grid):
+    N, K = 9, 5
+    z = (RNG.standard_normal((N, K)) * 30).astype(np.float32)
+    z[0] = [1e4, 0, -1e4, 5, 5]                    # stability
+    y = RNG.integers(0, K, N).astype(np.int64)
+    probs = np.empty_like(z)
+    nll = np.empty(N, np.float32)
+    mods["softmax_xent"].softmax_xent_fwd(*grid, z, y, probs, nll, N, K)
+    loss, rp = ops.softmax_xent_forward(z, y)
+    np.testing.assert_allclose(probs, rp, rtol=1e-5, atol=1e-7)
+    assert abs(nll.mean() - loss) <= 1e-4 * max(1, abs(loss))
+    d = np.empty_like(z)
+    mods["softmax_xent"].softmax_xent_bwd(*grid, probs, y, d, N, K)
+    np.testing.assert_allclose(d, ops.softmax_xent_backward(rp, y), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("nesterov,prox", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_sgd_update_kernel_matches_reference_and_sgd_class(mods, grid, nesterov, prox):
+    P = 77
+    w0, g, v0, c, u = (RNG.standard_normal(P).astype(np.float32) for _ in range(5))
+    lr, mu, wd, rho = 0.05, 0.9, 1e-3, 0.3
+    w, v = w0.copy(), v0.copy()
+    mods["optim"].sgd_update(*grid, w, g, v, c, u, P, lr, mu, wd, rho, nesterov, prox)
+    rw, rv = w0.copy(), v0.copy()
+    sgd_update(rw, g, rv, c, u, lr, mu, wd, rho, nesterov, prox)
+    np.testing.assert_allclose(w, rw, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(v, rv, rtol=1e-6, atol=1e-7)
+    # the reference is the arithmetic the CPU trainer's SGD + prox hook does
+    cw = w0.copy()
+    opt = SGD(cw, lr, mu, wd, bool(nesterov),
+              extra_grad=(lambda w_, g_: g_.__iadd__(np.float32(rho) * ((w_ - c) + u)))
+              if prox else None)
+    opt.v[:] = v0
+    opt.step(g.copy())
+    np.testing.assert_allclose(cw, rw, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_consensus_kernels(mods, grid):
+    P = 53
+    x, y, S, zg0, v0, u0, wh, z = (RNG.standard_normal(P).astype(np.float32) for _ in range(8))
+    out = np.empty(P, np.float32)
+    mods["consensus"].axpby(*grid, out, 0.7, x, -1.5, y, P)
+    np.testing.assert_allclose(out, cons_ref.axpby(np.empty_like(x), 0.7, x, -1.5, y),
+                               rtol=1e-6, atol=1e-6)
+    u = u0.copy()
+    mods["consensus"].dual_update(*grid, u, wh, z, 0.5, P)
+    ru = u0.copy()
+    cons_ref.dual_update(ru, wh, z, 0.5)
+    np.testing.assert_allclose(u, ru, rtol=1e-6, atol=1e-7)
+    for nest in (0, 1):
+        zg, v, zz = zg0.copy(), v0.copy(), np.empty(P, np.float32)
+        mods["consensus"].block_momentum(*grid, S, zg, v, zz, P, 0.25, 0.75, 1.0, nest)
+        rzg, rv, rz = zg0.copy(), v0.copy(), np.empty(P, np.float32)
+        cons_ref.block_momentum(S, rzg, rv, rz, 0.25, 0.75, 1.0, bool(nest))
+        for a, b in ((zg, rzg), (v, rv), (zz, rz)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -91,7 +91,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="ibtmpi-tests-")
     extra = ["-k", args.k] if args.k else []
     pytest = tool("pytest")
-    stages = [("unit", [pytest, "tests/unit", "-q", "-p", "no:cacheprovider",
+    stages = [("unit", [pytest, "tests/unit", "tests/gpu", "-q", "-p", "no:cacheprovider",
                         f"--junitxml={tmp}/unit.xml"] + extra, "unit.xml")]
     if not args.no_mpi:
         mpiexec = tool("mpiexec")

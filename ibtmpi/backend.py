@@ -1,0 +1,251 @@
+"""Device backends: the ONLY module that imports cupy.
+
+``select(device)`` resolves ``auto | cpu | gpu`` (auto = gpu when CuPy sees
+a device) and raises DeviceError, never falls back silently, when gpu is
+asked for and unavailable. ``GpuOps`` launches the hand-written kernels of
+kernels/*.cu (compiled once per process by CuPy's RawModule, cached on
+disk by CuPy) with the exact signatures of the NumPy reference ops in
+ops.py / optim.py / consensus.py; GEMMs go through cupy.matmul (cuBLAS).
+``worker_device`` binds a worker rank to a GPU: its rank among the workers
+of its node, modulo the visible devices.
+Tests: tests/gpu/test_gpu_ops.py (each launch vs the NumPy reference; skipped
+with the reason where no GPU exists), tests/unit/test_backend.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .kernels import source_path
+
+BLOCK = 256
+
+
+class DeviceError(Exception):
+    """A device was asked for that this machine cannot provide."""
+
+
+def gpu_status():
+    """(available, reason)."""
+    try:
+        import cupy
+    except ImportError as e:
+        return False, f"CuPy is not installed ({e}); pip install 'ibtmpi[gpu]'"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:                    # no driver, no device
+        return False, f"CuPy sees no CUDA device ({type(e).__name__}: {e})"
+    if n < 1:
+        return False, "CuPy sees no CUDA device"
+    return True, f"{n} CUDA device(s)"
+
+
+def select(device="auto"):
+    if device not in ("auto", "cpu", "gpu"):
+        raise DeviceError(f"device must be auto, cpu or gpu, got {device!r}")
+    if device == "cpu":
+        return "cpu"
+    ok, why = gpu_status()
+    if device == "gpu" and not ok:
+        raise DeviceError(f"--device gpu was asked for but {why}; use --device cpu")
+    return "gpu" if ok else "cpu"
+
+
+def worker_device(worker_local_rank, n_visible):
+    """GPU index for a worker: its rank among the node's workers mod devices."""
+    if n_visible < 1:
+        raise DeviceError("no visible CUDA devices for the worker ranks")
+    return worker_local_rank % n_visible
+
+
+def _grid(n):
+    return (int(min(max(1, (n + BLOCK - 1) // BLOCK), 65535 * 8)),)
+
+
+class GpuOps:
+    """CuPy launchers with the NumPy references' signatures (NCHW float32)."""
+
+    def __init__(self):
+        import cupy
+        self.cp = cupy
+        self._mods = {}
+
+    def _k(self, fname, kname):
+        if fname not in self._mods:
+            code = source_path(fname).read_text()
+            self._mods[fname] = self.cp.RawModule(code=code, options=("--std=c++14",))
+        return self._mods[fname].get_function(kname)
+
+    def _launch(self, fname, kname, n, *args):
+        self._k(fname, kname)(_grid(n), (BLOCK,), args)
+
+    # -- conv --------------------------------------------------------------
+    def im2col(self, x, kh, kw, stride, pad, out=None, ws=None):
+        from .ops import conv_out_size
+        cp = self.cp
+        x = cp.ascontiguousarray(x)
+        n, c, h, w = x.shape
+        ho, wo = conv_out_size(h, kh, stride, pad), conv_out_size(w, kw, stride, pad)
+        if out is None:
+            out = cp.empty((c * kh * kw, n * ho * wo), x.dtype)
+        self._launch("conv.cu", "im2col", out.size, x, out, np.int32(n), np.int32(c),
+                     np.int32(h), np.int32(w), np.int32(kh), np.int32(kw),
+                     np.int32(stride), np.int32(pad), np.int32(ho), np.int32(wo))
+        return out
+
+    def col2im(self, col, x_shape, kh, kw, stride, pad, out=None, ws=None):
+        from .ops import conv_out_size
+        cp = self.cp
+        n, c, h, w = x_shape
+        ho, wo = conv_out_size(h, kh, stride, pad), conv_out_size(w, kw, stride, pad)
+        if out is None:
+            out = cp.empty(x_shape, col.dtype)
+        self._launch("conv.cu", "col2im", out.size, cp.ascontiguousarray(col), out,
+                     np.int32(n), np.int32(c), np.int32(h), np.int32(w), np.int32(kh),
+                     np.int32(kw), np.int32(stride), np.int32(pad), np.int32(ho),
+                     np.int32(wo))
+        return out
+
+    def conv2d_forward(self, x, w, b, stride=1, pad=0, col=None, out=None, ws=None):
+        from .ops import conv_out_size
+        cp = self.cp
+        f, c, kh, kw = w.shape
+        n, _, h, wd = x.shape
+        ho, wo = conv_out_size(h, kh, stride, pad), conv_out_size(wd, kw, stride, pad)
+        col = self.im2col(x, kh, kw, stride, pad, out=col)
+        m = col.shape[1]
+        y2 = cp.matmul(w.reshape(f, -1), col)                 # (F, N*Ho*Wo)
+        self._launch("conv.cu", "bias_add_rows", y2.size, y2, cp.ascontiguousarray(b),
+                     np.int32(f), np.int64(m))
+        # NCHW view of the (F, N, Ho, Wo) result, as the NumPy op returns
+        y = y2.reshape(f, n, ho, wo).transpose(1, 0, 2, 3)
+        if out is None:
+            return y, col
+        out[...] = y
+        return out, col
+
+    def conv2d_backward(self, dy, col, x_shape, w, stride, pad, dw, db,
+                        need_dx=True, ws=None):
+        cp = self.cp
+        n, f, ho, wo = dy.shape
+        kh, kw = w.shape[2], w.shape[3]
+        dy2 = cp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(f, -1)
+        db[...] = 0
+        self._k("conv.cu", "bias_grad_rows")((min(f, 65535),), (BLOCK,),
+                                             (dy2, db, np.int32(f), np.int64(dy2.shape[1])))
+        dw.reshape(f, -1)[...] = cp.matmul(dy2, col.T)
+        if not need_dx:
+            return None
+        dcol = cp.matmul(w.reshape(f, -1).T, dy2)
+        return self.col2im(dcol, x_shape, kh, kw, stride, pad)
+
+    # -- pool, relu -----------------------------------------------------------
+    def maxpool_forward(self, x, k=2, stride=2, out=None, argmax=None, ws=None):
+        from .ops import conv_out_size
+        cp = self.cp
+        x = cp.ascontiguousarray(x)
+        n, c, h, w = x.shape
+        ho, wo = conv_out_size(h, k, stride, 0), conv_out_size(w, k, stride, 0)
+        out = cp.empty((n, c, ho, wo), x.dtype) if out is None else out
+        argmax = cp.empty((n, c, ho, wo), cp.uint8) if argmax is None else argmax
+        self._launch("pool.cu", "maxpool_fwd", out.size, x, out, argmax, np.int32(n),
+                     np.int32(c), np.int32(h), np.int32(w), np.int32(k),
+                     np.int32(stride), np.int32(ho), np.int32(wo))
+        return out, argmax
+
+    def maxpool_backward(self, dy, argmax, x_shape, k=2, stride=2, out=None, ws=None):
+        cp = self.cp
+        n, c, h, w = x_shape
+        ho, wo = dy.shape[2], dy.shape[3]
+        out = cp.empty(x_shape, dy.dtype) if out is None else out
+        self._launch("pool.cu", "maxpool_bwd", out.size, cp.ascontiguousarray(dy),
+                     cp.ascontiguousarray(argmax), out, np.int32(n), np.int32(c),
+                     np.int32(h), np.int32(w), np.int32(k), np.int32(stride),
+                     np.int32(ho), np.int32(wo))
+        return out
+
+    def relu_forward(self, x, out=None):
+        cp = self.cp
+        x = cp.ascontiguousarray(x)
+        out = x if out is x else (cp.empty_like(x) if out is None else out)
+        self._launch("activation.cu", "relu_fwd", x.size, x, out, np.int64(x.size))
+        return out
+
+    def relu_backward(self, dy, y, out=None):
+        cp = self.cp
+        dy, y = cp.ascontiguousarray(dy), cp.ascontiguousarray(y)
+        out = cp.empty_like(dy) if out is None else out
+        self._launch("activation.cu", "relu_bwd", dy.size, dy, y, out, np.int64(dy.size))
+        return out
+
+    # -- linear, loss -----------------------------------------------------------
+    def linear_forward(self, x, w, b, out=None):
+        cp = self.cp
+        y = cp.matmul(x, w.T)
+        self._launch("conv.cu", "bias_add_cols", y.size, y, cp.ascontiguousarray(b),
+                     np.int32(y.shape[0]), np.int32(y.shape[1]))
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def linear_backward(self, dy, x, w, dw, db, need_dx=True, out=None):
+        cp = self.cp
+        dy = cp.ascontiguousarray(dy)
+        dw[...] = cp.matmul(dy.T, x)
+        self._launch("conv.cu", "bias_grad_cols", dy.shape[1], dy, db,
+                     np.int32(dy.shape[0]), np.int32(dy.shape[1]))
+        if not need_dx:
+            return None
+        dx = cp.matmul(dy, w)
+        if out is None:
+            return dx
+        out[...] = dx
+        return out
+
+    def softmax_xent_forward(self, logits, labels):
+        cp = self.cp
+        logits = cp.ascontiguousarray(logits)
+        labels = cp.asarray(labels, dtype=cp.int64)
+        n, k = logits.shape
+        probs = cp.empty_like(logits)
+        nll = cp.empty(n, logits.dtype)
+        self._launch("softmax_xent.cu", "softmax_xent_fwd", n, logits, labels, probs, nll,
+                     np.int32(n), np.int32(k))
+        return float(nll.mean()), probs
+
+    def softmax_xent_backward(self, probs, labels, out=None):
+        cp = self.cp
+        labels = cp.asarray(labels, dtype=cp.int64)
+        n, k = probs.shape
+        out = cp.empty_like(probs) if out is None else out
+        self._launch("softmax_xent.cu", "softmax_xent_bwd", probs.size,
+                     cp.ascontiguousarray(probs), labels, out, np.int32(n), np.int32(k))
+        return out
+
+    # -- optimizer and consensus vectors ----------------------------------------
+    def sgd_update(self, w, g, v, c, u, lr, mu, wd, rho, nesterov, has_prox):
+        dummy = w if not has_prox else None
+        self._launch("optim.cu", "sgd_update", w.size, w, g, v,
+                     c if has_prox else dummy, u if has_prox else dummy,
+                     np.int64(w.size), np.float32(lr), np.float32(mu), np.float32(wd),
+                     np.float32(rho), np.int32(bool(nesterov)), np.int32(bool(has_prox)))
+
+    def axpby(self, out, a, x, b, y):
+        self._launch("consensus.cu", "axpby", out.size, out, np.float32(a), x,
+                     np.float32(b), y, np.int64(out.size))
+        return out
+
+    def dual_update(self, u, w_hat, z, scale):
+        self._launch("consensus.cu", "dual_update", u.size, u, w_hat, z,
+                     np.float32(scale), np.int64(u.size))
+
+    def block_momentum(self, S, zg, v, z, inv_n, eta, zeta, nesterov):
+        self._launch("consensus.cu", "block_momentum", z.size, S, zg, v, z,
+                     np.int64(z.size), np.float32(inv_n), np.float32(eta),
+                     np.float32(zeta), np.int32(bool(nesterov)))
+
+    def asnumpy(self, x):
+        return self.cp.asnumpy(x)
+
+    def asarray(self, x):
+        return self.cp.asarray(x)

@@ -1,0 +1,102 @@
+"""Each CuPy kernel launch against the NumPy reference, on a real GPU.
+Skipped (with the reason shown by -ra) where CuPy or a device is missing.
+Run: pytest -m gpu tests/gpu"""
+import numpy as np
+import pytest
+
+from ibtmpi import backend, consensus, ops
+from ibtmpi.optim import sgd_update
+
+OK, WHY = backend.gpu_status()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no GPU: {WHY}")]
+RNG = np.random.default_rng(5)
+
+
+@pytest.fixture(scope="module")
+def g():
+    return backend.GpuOps()
+
+
+def close(a, b, g, tol=1e-5):
+    np.testing.assert_allclose(g.asnumpy(a), b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("geom", [(4, 3, 16, 16, 8, 3, 1, 1), (2, 5, 9, 11, 4, 3, 2, 1),
+                                  (3, 2, 8, 8, 6, 5, 1, 2)])
+def test_conv(g, geom):
+    n, c, h, w, f, k, s, p = geom
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = RNG.standard_normal((f, c, k, k)).astype(np.float32)
+    b = RNG.standard_normal(f).astype(np.float32)
+    y, col = g.conv2d_forward(g.asarray(x), g.asarray(wt), g.asarray(b), s, p)
+    ry, rcol = ops.conv2d_forward(x, wt, b, s, p)
+    close(y, ry, g, 1e-4)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    dw, db = g.asarray(np.zeros_like(wt)), g.asarray(np.zeros_like(b))
+    dx = g.conv2d_backward(g.asarray(dy), col, x.shape, g.asarray(wt), s, p, dw, db)
+    rdw, rdb = np.zeros_like(wt), np.zeros_like(b)
+    rdx = ops.conv2d_backward(dy, rcol, x.shape, wt, s, p, rdw, rdb)
+    close(dx, rdx, g, 1e-4)
+    close(dw, rdw, g, 1e-3)
+    close(db, rdb, g, 1e-4)
+
+
+@pytest.mark.parametrize("k,s", [(2, 2), (3, 2), (3, 3)])
+def test_pool_relu(g, k, s):
+    x = RNG.standard_normal((2, 3, 13, 12)).astype(np.float32)
+    y, am = g.maxpool_forward(g.asarray(x), k, s)
+    ry, ram = ops.maxpool_forward(x, k, s)
+    close(y, ry, g, 0)
+    np.testing.assert_array_equal(g.asnumpy(am), ram)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    close(g.maxpool_backward(g.asarray(dy), am, x.shape, k, s),
+          ops.maxpool_backward(dy, ram, x.shape, k, s), g, 1e-6)
+    r = g.relu_forward(g.asarray(x))
+    close(r, ops.relu_forward(x), g, 0)
+    close(g.relu_backward(g.asarray(x), r), ops.relu_backward(x, ops.relu_forward(x)), g, 0)
+
+
+def test_linear_and_loss(g):
+    x = RNG.standard_normal((16, 40)).astype(np.float32)
+    w = RNG.standard_normal((5, 40)).astype(np.float32)
+    b = RNG.standard_normal(5).astype(np.float32)
+    y = g.linear_forward(g.asarray(x), g.asarray(w), g.asarray(b))
+    close(y, ops.linear_forward(x, w, b), g, 1e-4)
+    labels = RNG.integers(0, 5, 16)
+    loss, probs = g.softmax_xent_forward(y, labels)
+    rl, rp = ops.softmax_xent_forward(ops.linear_forward(x, w, b), labels)
+    assert abs(loss - rl) < 1e-4
+    close(probs, rp, g)
+    d = g.softmax_xent_backward(probs, labels)
+    close(d, ops.softmax_xent_backward(rp, labels), g)
+    dw, db = g.asarray(np.zeros_like(w)), g.asarray(np.zeros_like(b))
+    dx = g.linear_backward(d, g.asarray(x), g.asarray(w), dw, db)
+    rdw, rdb = np.zeros_like(w), np.zeros_like(b)
+    rdx = ops.linear_backward(ops.softmax_xent_backward(rp, labels), x, w, rdw, rdb)
+    close(dx, rdx, g)
+    close(dw, rdw, g)
+    close(db, rdb, g)
+
+
+def test_vector_updates(g):
+    P = 10001
+    w0, gr, v0, c, u0, S = (RNG.standard_normal(P).astype(np.float32) for _ in range(6))
+    for nest, prox in ((0, 0), (1, 1)):
+        w, v = g.asarray(w0), g.asarray(v0)
+        g.sgd_update(w, g.asarray(gr), v, g.asarray(c), g.asarray(u0), 0.05, 0.9,
+                     1e-3, 0.2, nest, prox)
+        rw, rv = w0.copy(), v0.copy()
+        sgd_update(rw, gr, rv, c, u0, 0.05, 0.9, 1e-3, 0.2, nest, prox)
+        close(w, rw, g)
+        close(v, rv, g)
+    zg, v, z = g.asarray(c), g.asarray(v0), g.asarray(np.zeros(P, np.float32))
+    g.block_momentum(g.asarray(S), zg, v, z, 0.25, 0.75, 1.0, True)
+    rzg, rv, rz = c.copy(), v0.copy(), np.zeros(P, np.float32)
+    consensus.block_momentum(S, rzg, rv, rz, 0.25, 0.75, 1.0, True)
+    close(z, rz, g)
+    close(zg, rzg, g)
+    u = g.asarray(u0)
+    g.dual_update(u, g.asarray(w0), g.asarray(c), 0.5)
+    ru = u0.copy()
+    consensus.dual_update(ru, w0, c, 0.5)
+    close(u, ru, g)

@@ -41,6 +41,11 @@ def run(args, name, algo, n, sets, mpi):
         cmd = base
     t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode == 4:                 # diverged: a result, not a crash
+        msg = (out.stderr.strip().splitlines() or ["diverged"])[-1]
+        print(f"  {name}: DIVERGED ({msg})", flush=True)
+        return {"diverged": True, "message": msg, "test_acc": float("nan"),
+                "mode": "mpi" if (mpi and n > 1) else "sim", "passes": args.passes}
     if out.returncode:
         print(out.stdout + out.stderr, file=sys.stderr)
         raise SystemExit(f"run {name} failed")
@@ -112,7 +117,8 @@ def report(res, ns, algos, fns, a):
         cells = []
         for n in ns:
             s = t1.get(f"{algo}/{n}")
-            cells.append(f"{s['test_acc']:.4f}" if s else "-")
+            cells.append("-" if not s else ("diverged" if s.get("diverged")
+                                             else f"{s['test_acc']:.4f}"))
         out.append(f"| {algo} | " + " | ".join(cells) + " |")
     out += ["", f"### T2: fixed block of {a.fixed_block} samples, split = block / N "
             f"(simulation)", "", "| algorithm | " + " | ".join(
@@ -120,7 +126,8 @@ def report(res, ns, algos, fns, a):
             "|---|" + "---|" * len(fns)]
     for algo in ("admm", "ibt"):
         out.append(f"| {algo} | " + " | ".join(
-            f"{res['t2'][f'{algo}/{n}']['test_acc']:.4f}" for n in fns) + " |")
+            "diverged" if res["t2"][f"{algo}/{n}"].get("diverged")
+            else f"{res['t2'][f'{algo}/{n}']['test_acc']:.4f}" for n in fns) + " |")
     out.append(f"| sgd, N=1 | {res['t2']['sgd/1']['test_acc']:.4f} (all columns) |" +
                " |" * (len(fns) - 1))
     out += ["", "### T3: communication per pass and rank 0 CPU", "",
@@ -128,6 +135,9 @@ def report(res, ns, algos, fns, a):
             "(total / outside eval) | compute s / block | comm+imbalance s / block |",
             "|---|---|---|---|---|---|---|"]
     for key, s in t1.items():
+        if s.get("diverged"):
+            out.append(f"| {key} | {s['mode']} | diverged | | | | |")
+            continue
         p = s["passes"]
         out.append(f"| {key} | {s['mode']} | {s['allreduce_calls'] / p:.0f} | "
                    f"{s['allreduce_bytes'] / p / 2**20:.1f} | "

@@ -64,6 +64,11 @@ def build_parser():
                    help="override a config value (repeatable)")
     p.add_argument("--simulate", type=_positive_int,
                    help="run N logical workers in this one process")
+    p.add_argument("--resume", action="store_true",
+                   help="require a checkpoint to resume from (default: resume "
+                        "automatically when the run directory has a matching one)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="compute device of the workers (default cpu)")
     p.add_argument("--quiet", action="store_true")
 
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
@@ -159,16 +164,21 @@ def cmd_demo(args):
 
 
 def cmd_train(args):
+    import os
     from . import comm, threads
+    from .backend import DeviceError, select
+    from .checkpoint import CheckpointError
     from .config import ConfigError, load
     from .dataset import DatasetError
-    from .trainer import Trainer
+    from .trainer import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted, Trainer
     size, rank = comm.world_size(), comm.world_rank()
     overrides = list(args.set)
     if args.simulate:
         overrides.append(f"run.simulate={args.simulate}")
     if args.quiet:
         overrides.append("run.quiet=true")
+    if args.resume:
+        overrides.append("run.resume=always")
 
     def log(msg):
         if rank == 0:
@@ -177,22 +187,58 @@ def cmd_train(args):
         import warnings
         fmt = warnings.formatwarning
         warnings.formatwarning = lambda *a, **k: f"[rank {rank}] " + fmt(*a, **k)
+    bad_input = (ConfigError, DatasetError, CheckpointError, DeviceError, ValueError, OSError)
     try:
+        ntasks = os.environ.get("SLURM_NTASKS", "")
+        if size == 1 and not args.simulate and ntasks.isdigit() and int(ntasks) > 1:
+            raise ConfigError(
+                f"SLURM_NTASKS={ntasks} but MPI sees 1 process: the job step was "
+                f"started without a launcher; use `srun --mpi=pmi2 ...` or `mpirun ...`")
         if args.simulate and size > 1:
             raise ConfigError("--simulate runs N logical workers in ONE process; "
                               "launch it without mpiexec")
+        if args.device == "gpu":
+            select("gpu")                 # explicit error where there is no GPU
+            raise DeviceError("the trainer's GPU path is not available yet (the CUDA "
+                              "kernels are built and checked; see README); use --device cpu")
         cfg = load(args.config, overrides)
+        if rank == 0:
+            _check_writable(cfg["run"]["dir"])
         threads.configure(cfg["run"]["threads"])
         trainer = Trainer(cfg, log=log)
-    except (ConfigError, DatasetError, ValueError, OSError) as e:
+    except bad_input as e:
         return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
     try:
         trainer.run()
+    except Preempted as e:
+        log(f"ibtmpi train: preempted: {e} (exit status {EXIT_PREEMPTED})")
+        return EXIT_PREEMPTED                # every rank agreed: no abort needed
+    except Diverged as e:
+        log(f"ibtmpi train: diverged: {e}")
+        return EXIT_DIVERGED
+    except CheckpointError as e:
+        return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
     except Exception:
         import traceback
-        msg = f"[rank {rank}] ibtmpi train failed:\n" + traceback.format_exc()
+        msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
+               f"{trainer.phase}:\n" + traceback.format_exc())
         return _fail(msg, 1, size, rank, every_rank=True)
     return 0
+
+
+def _check_writable(run_dir):
+    """The run directory must be creatable and writable before training."""
+    import os
+    from .config import ConfigError
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise ConfigError(f"run.dir {run_dir} is not writable ({e.strerror}); "
+                          f"choose another with --set run.dir=DIR") from None
 
 
 def _fail(msg, code, size, rank, every_rank=False):

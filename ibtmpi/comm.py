@@ -32,7 +32,7 @@ def library_version():
 STATS = {"allreduce": 0, "bytes": 0, "wait_s": 0.0}
 
 
-def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005):
+def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True):
     """Sum `send` over all ranks into `recv` with ONE non-blocking Allreduce.
 
     Every rank must call this (blocking and non-blocking collectives never
@@ -42,8 +42,11 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005):
     """
     import time
     comm = comm or MPI.COMM_WORLD
-    STATS["allreduce"] += 1
-    STATS["bytes"] += send.nbytes
+    if count:                      # block / minibatch reductions
+        STATS["allreduce"] += 1
+        STATS["bytes"] += send.nbytes
+    else:                          # once-per-run syncs (final checkpoint)
+        STATS["sync"] = STATS.get("sync", 0) + 1
     if comm.Get_size() == 1:
         np_copy(recv, send)
         return

@@ -68,6 +68,9 @@ DEFAULTS = {
         "threads": "auto",       # BLAS threads per rank
         "quiet": False,
         "simulate": 0,           # > 0: N logical workers in one process
+        "checkpoint_every": 0,   # blocks between checkpoints; 0: once per pass
+        "keep_checkpoints": 2,   # complete checkpoints kept
+        "resume": "auto",        # auto | always | never
     },
 }
 
@@ -170,6 +173,10 @@ def validate(cfg):
         (r["passes"] > 0, "run.passes must be > 0"),
         (r["eval_every"] >= 0, "run.eval_every must be >= 0"),
         (r["simulate"] >= 0, "run.simulate must be >= 0"),
+        (r["checkpoint_every"] >= 0, "run.checkpoint_every must be >= 0"),
+        (r["keep_checkpoints"] >= 1, "run.keep_checkpoints must be >= 1"),
+        (r["resume"] in ("auto", "always", "never"),
+         "run.resume must be auto, always or never"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -181,9 +181,11 @@ class Model:
                 layer.rng = np.random.default_rng([seed, 1])
 
     def set_dropout_seed(self, seed):
+        """Reseed dropout (per block and worker: no RNG state to checkpoint)."""
+        base = [int(s) for s in np.atleast_1d(seed)]
         for i, layer in enumerate(self.layers):
             if isinstance(layer, Dropout):
-                layer.rng = np.random.default_rng([seed, i])
+                layer.rng = np.random.default_rng(base + [i])
 
     def summary(self):
         lines = []

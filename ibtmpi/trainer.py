@@ -8,8 +8,9 @@ in one process: the same per-worker code, their packed buffers summed in
 rank order instead of by MPI.
 
 Per block: ONE packed Allreduce (``ssgd``: one per minibatch) of
-  [ S (P) | loss_sum, samples, correct, sum ||w_i - z_s||^2, error, stop |
-    compute s (N slots) | data-wait s (N slots) ]
+  [ S (P) | loss_sum, samples, correct, sum ||w_i - z_s||^2, 2 reserved |
+    compute s (N slots) | data-wait s (N slots) | flags (master + N workers) ]
+flags: 1 stop requested (signal), 2 non-finite, 4 checkpoint file written.
 float32, then every rank applies the same consensus update.
 Tests: tests/unit/test_trainer.py (simulator), tests/mpi/test_trainer_mpi.py.
 """
@@ -23,7 +24,9 @@ import time
 
 import numpy as np
 
+from . import checkpoint as ckpt
 from . import comm as mpi
+from .config import digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
 from .loader import WorkerData
@@ -31,7 +34,22 @@ from .model import Model
 from .optim import SGD
 from .schedule import Schedule, split_size_for
 
-NS = 6                      # scalar slots: loss_sum, n, correct, q, error, stop
+NS = 6                      # scalar slots: loss_sum, n, correct, q, (2 reserved)
+FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT = 1, 2, 4
+EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
+EXIT_DIVERGED = 4
+
+
+class Preempted(Exception):
+    """All ranks agreed to stop after a signal; a checkpoint was written."""
+
+
+class Diverged(Exception):
+    """Non-finite loss or model; the last good checkpoint is kept."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by IBTMPI_FAULT=rank:block:phase (tests of fail-fast)."""
 
 
 class Trainer:
@@ -79,7 +97,8 @@ class Trainer:
         self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
                                       d["augment"], d["seed"], d["cache"])
                         for i in self.local}
-        L = P + NS + 2 * n
+        self.F0 = P + NS + 2 * n          # flag slots: [master, worker 0..N-1]
+        L = self.F0 + 1 + n
         self.send = np.zeros(L, np.float32)
         self.recv = np.zeros(L, np.float32)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
@@ -94,8 +113,36 @@ class Trainer:
                                     self.ds.n_classes)
         self.metrics_f = None
         self.history = []
+        self.block, self.phase = -1, "setup"
+        self.stop_requested = False
+        self.stop_agreed = False
+        self.pending_ckpt = None         # block whose files await confirmation
+        self.pending_ok = False
+        self.run_dir = r["dir"]
+        self.cfg_hash = run_hash(cfg)
+        fault = os.environ.get("IBTMPI_FAULT", "")
+        self.fault = None
+        if fault:
+            try:
+                fr, fb, fp = fault.split(":")
+                self.fault = (int(fr), int(fb), fp)
+            except ValueError:
+                raise ValueError(f"IBTMPI_FAULT must be rank:block:phase, got {fault!r}") from None
 
     # -- helpers ------------------------------------------------------------
+    def _at(self, phase):
+        """Enter a phase; raise the injected fault if it targets this point."""
+        self.phase = phase
+        if self.fault and self.fault == (self.rank, self.block, phase):
+            raise InjectedFault(f"injected fault on rank {self.rank}, block "
+                                f"{self.block}, phase {phase}")
+
+    def _flags(self):
+        return self.send[self.F0:]
+
+    def _rflags(self):
+        return self.recv[self.F0:].astype(np.int64)
+
     def _eval_steps(self, data, params, out, batch=256):
         """Generator: evaluates params on (x, y) batch by batch, yielding in
         between, so the master can poll MPI; writes (loss, acc) into out."""
@@ -140,10 +187,13 @@ class Trainer:
         send.fill(0)
         vec = send[:P]
         tmp = np.empty(P, np.float32) if len(self.local) > 1 else None
+        self._mark_flags()
         for i in self.local:
             t0 = time.perf_counter()
             mbs = self.loaders[i].block(p, b)
             t1 = time.perf_counter()
+            self._at("compute")
+            self.model.set_dropout_seed([self.cfg["data"]["seed"], k, i])
             self._swap_in(i)
             if self.cfg["optim"]["reset_momentum"]:
                 self.opt.reset()
@@ -151,6 +201,9 @@ class Trainer:
             self.cons.worker_begin(ws, self.model.params)
             self.opt.extra_grad = self.cons.extra_grad(ws)
             loss_sum, cnt, corr = self._run_steps(mbs)
+            if self.fault and self.fault == (self.rank, k, "nan"):
+                loss_sum = float("nan")            # injected divergence (tests)
+                self.model.params[0] = np.nan
             out = tmp if tmp is not None else vec
             q = self.cons.contribution(ws, self.model.params, out)
             if tmp is not None:
@@ -160,11 +213,45 @@ class Trainer:
             send[P:P + 4] += np.array([loss_sum, cnt, corr, q], np.float32)
             send[P + NS + i] = t2 - t1
             send[P + NS + n + i] = t1 - t0
+            if not (math.isfinite(loss_sum) and math.isfinite(q)
+                    and np.isfinite(out).all()):
+                send[self.F0 + 1 + i] += FLAG_NONFINITE
+        self._at("allreduce")
         mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None)
+        self._check_flags(k)
         diag = self.cons.update(recv[:P], float(recv[P + 3]))
         for i in self.local:
             self.cons.worker_end(self.states[i], self.model.params)
         return p, b, diag
+
+    def _mark_flags(self):
+        """This rank's flag slots for the coming Allreduce."""
+        fl = self._flags()
+        mine = [0] if self.is_master else []
+        mine += [1 + i for i in self.local]
+        for j in mine:
+            v = 0
+            if self.stop_requested:
+                v |= FLAG_STOP
+            if self.pending_ckpt is not None and self.pending_ok:
+                v |= FLAG_CKPT
+            fl[j] = v
+
+    def _check_flags(self, k):
+        f = self._rflags()
+        # confirm the previous checkpoint first: it was good when written
+        if self.pending_ckpt is not None:
+            if (f & FLAG_CKPT).all() and self.is_master:
+                self._manifest(self.pending_ckpt)
+            self.pending_ckpt = None
+        bad = [j - 1 for j in range(1, len(f)) if f[j] & FLAG_NONFINITE]
+        if bad:
+            ranks = [b + 1 for b in bad] if (mpi.world_size() > 1 and not self.simulate) else [0]
+            raise Diverged(
+                f"block {k}: non-finite loss or model on worker(s) {bad} (rank(s) "
+                f"{ranks}); the last good checkpoint is kept. Lower optim.lr or raise "
+                f"algorithm.rho")
+        self.stop_agreed = bool((f & FLAG_STOP).any())
 
     def _block_ssgd(self, k, work):
         """Horovod-style: one fused Allreduce of the gradients per minibatch."""
@@ -180,8 +267,10 @@ class Trainer:
             t_data[i] = time.perf_counter() - t0
         tot = np.zeros(NS + 2 * n, np.float64)
         w0 = self.model.params
+        self._at("compute")
         for s in range(steps):
             send.fill(0)
+            self._mark_flags()
             for i in self.local:
                 t0 = time.perf_counter()
                 x, y = data[i][s]
@@ -192,12 +281,16 @@ class Trainer:
                 send[P + NS + i] += time.perf_counter() - t0
                 if s == 0:
                     send[P + NS + n + i] = t_data[i]
+                if len(y) and not math.isfinite(loss):
+                    send[self.F0 + 1 + i] += FLAG_NONFINITE
+            self._at("allreduce")
             mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None)
+            self._check_flags(k)
             g = recv[:P] * np.float32(1.0 / n)
             self.opt.step(g)            # same averaged gradient on every rank
-            tot += recv[P:]
+            tot += recv[P:self.F0]
         np.copyto(self.z, w0)
-        recv[P:] = tot
+        recv[P:self.F0] = tot
         return p, b, {"primal": 0.0, "dual": 0.0, "rho": 0.0}
 
     def _warmup(self, steps):
@@ -220,115 +313,283 @@ class Trainer:
         self.z = self.cons.z
         self.log(f"warm-up: {steps} gradient-allreduce steps before block 0")
 
+    # -- checkpoints -----------------------------------------------------------
+    def _state_spec(self):
+        """{name: (shape, dtype)} of this rank's checkpoint arrays."""
+        P, f32 = (self.P,), np.float32
+        spec = {}
+        if self.is_master and self.cons is not None:
+            spec.update(z=(P, f32), zg=(P, f32), v=(P, f32), U=(P, f32),
+                        rho=((), np.float64), cons_blocks=((), np.int64))
+        if self.algo == "ssgd":
+            spec.update(params=(P, f32), opt_v=(P, f32))
+        for i in self.local:
+            if self.algo in ("admm", "ibt"):
+                spec[f"u_{i}"] = (P, f32)
+            if self.algo == "easgd":
+                spec[f"w_own_{i}"] = (P, f32)
+            if self.algo != "ssgd":
+                spec[f"v_{i}"] = (P, f32)
+        return spec
+
+    def _state_arrays(self):
+        a = {}
+        if self.is_master and self.cons is not None:
+            c = self.cons
+            a.update(z=c.z, zg=c.zg, v=c.v, U=c.U, rho=np.float64(c.rho),
+                     cons_blocks=np.int64(c.blocks))
+        if self.algo == "ssgd":
+            a.update(params=self.model.params, opt_v=self.opt.v)
+        for i in self.local:
+            ws = self.states[i]
+            if self.algo in ("admm", "ibt"):
+                a[f"u_{i}"] = ws.u
+            if self.algo == "easgd":
+                a[f"w_own_{i}"] = ws.w_own
+            if self.algo != "ssgd":
+                a[f"v_{i}"] = self.velocity[i] if len(self.local) > 1 else self.opt.v
+        return a
+
+    def _checkpoint(self, k):
+        self._at("checkpoint")
+        if not np.isfinite(self.z).all():
+            raise Diverged(f"block {k}: the consensus model is not finite; not "
+                           f"checkpointing it (the last good checkpoint is kept)")
+        ckpt.write_rank(self.run_dir, k, self.rank, self._state_arrays())
+        self.pending_ckpt, self.pending_ok = k, True
+
+    def _manifest(self, k):
+        world = 1 if self.simulate else mpi.world_size()
+        ckpt.write_manifest(self.run_dir, k, {
+            "config_hash": self.cfg_hash, "algorithm": self.algo,
+            "n_workers": self.n_workers, "world_size": world,
+            "simulate": self.simulate, "files": [ckpt.rank_file(r) for r in range(world)],
+            "blocks_per_pass": self.sched.blocks_per_pass,
+            "passes_done": (k + 1) / self.sched.blocks_per_pass},
+            keep=self.cfg["run"]["keep_checkpoints"])
+
+    def _final_sync(self):
+        """One small collective after the run's last checkpoint, so the
+        master writes its manifest only when every rank has its file."""
+        if self.pending_ckpt is None:
+            return
+        n = len(self.recv) - self.F0
+        send = np.zeros(n, np.float32)
+        recv = np.zeros(n, np.float32)
+        mine = ([0] if self.is_master else []) + [1 + i for i in self.local]
+        for j in mine:
+            send[j] = FLAG_CKPT if self.pending_ok else 0
+        mpi.allreduce_sum(send, recv, self.comm, count=False)
+        if (recv.astype(np.int64) & FLAG_CKPT).all() and self.is_master:
+            self._manifest(self.pending_ckpt)
+        self.pending_ckpt = None
+
+    def _restore(self):
+        """Block to start from: 0, or one past the newest complete checkpoint."""
+        mode = self.cfg["run"]["resume"]
+        done = ckpt.complete(self.run_dir)
+        if not done:
+            if mode == "always":
+                raise ckpt.CheckpointError(
+                    f"--resume: {self.run_dir} holds no complete checkpoint")
+            return 0
+        k = done[-1]
+        where = ckpt.ckpt_dir(self.run_dir, k)
+        if mode == "never":
+            raise ckpt.CheckpointError(
+                f"{self.run_dir} holds checkpoints (newest {where}); use another "
+                f"run.dir, or resume with run.resume=auto")
+        m = ckpt.read_manifest(self.run_dir, k)
+        world = 1 if self.simulate else mpi.world_size()
+        if m.get("n_workers") != self.n_workers or m.get("world_size") != world:
+            raise ckpt.CheckpointError(
+                f"{where} was written by {m.get('n_workers')} worker(s) in "
+                f"{m.get('world_size')} process(es); this run has {self.n_workers} in "
+                f"{world}. Resuming with another worker count is not supported "
+                f"(duals and data ranges are per worker): relaunch with the same "
+                f"count, or use another run.dir")
+        if m.get("config_hash") != self.cfg_hash:
+            raise ckpt.CheckpointError(
+                f"{where} was written by another configuration (model, data or "
+                f"algorithm differ); use another run.dir to start fresh")
+        if self.cons is not None:
+            z0 = ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)), {
+                k_: v for k_, v in {
+                    "z": ((self.P,), np.float32), "zg": ((self.P,), np.float32),
+                    "v": ((self.P,), np.float32), "U": ((self.P,), np.float32),
+                    "rho": ((), np.float64), "cons_blocks": ((), np.int64)}.items()})
+            c = self.cons
+            for name in ("z", "zg", "v", "U"):
+                np.copyto(getattr(c, name), z0[name])
+            c.rho, c.blocks = float(z0["rho"]), int(z0["cons_blocks"])
+        mine = ckpt.read_rank(os.path.join(where, ckpt.rank_file(self.rank)),
+                              self._state_spec())
+        if self.algo == "ssgd":
+            np.copyto(self.model.params, mine["params"])
+            np.copyto(self.opt.v, mine["opt_v"])
+        for i in self.local:
+            ws = self.states[i]
+            if self.algo in ("admm", "ibt"):
+                np.copyto(ws.u, mine[f"u_{i}"])
+            if self.algo == "easgd":
+                ws.w_own = mine[f"w_own_{i}"].copy()
+            if self.algo != "ssgd":
+                np.copyto(self.velocity[i], mine[f"v_{i}"])
+                if len(self.local) == 1:
+                    np.copyto(self.opt.v, mine[f"v_{i}"])
+        return k + 1
+
     # -- the run --------------------------------------------------------------
+    def _work(self):
+        """The master's useful work while waiting: one batch of the pending
+        evaluation. Returns False when there is nothing to do."""
+        if self._pending_eval is None:
+            return False
+        c0 = time.process_time()
+        try:
+            next(self._pending_eval[1])
+            return True
+        except StopIteration:
+            self._emit(self._pending_eval[0], self._pending_eval[2])
+            self._pending_eval = None
+            return False
+        finally:
+            self.eval_cpu += time.process_time() - c0
+
+    def _finish_eval(self):
+        if self._pending_eval is not None:
+            self.phase = "evaluation"
+            while self._work():
+                pass
+
     def run(self):
         cfg, r = self.cfg, self.cfg["run"]
         n, P = self.n_workers, self.P
+        start = self._restore()
         if self.is_master:
-            os.makedirs(r["dir"], exist_ok=True)
-            from .config import to_toml
-            with open(os.path.join(r["dir"], "config.toml"), "w") as f:
-                f.write(to_toml(cfg))
-            self.metrics_f = open(os.path.join(r["dir"], "metrics.jsonl"), "w")
-            self.log(f"{self.algo}: {n} worker(s){' (simulated)' if self.simulate else ''}, "
-                     f"{self.sched.n} train images, split {self.sched.split_size}, "
-                     f"batch {self.sched.batch}, {self.sched.blocks_per_pass} blocks/pass, "
-                     f"{self.total_blocks} blocks, model {P:,d} parameters")
+            self._open_run_dir(start)
+        self._pending_eval = None      # (record, generator, out)
+        self.eval_cpu = 0.0            # rank 0 CPU spent evaluating (useful work)
         eval_every = r["eval_every"] or self.sched.blocks_per_pass
-        pending = None                 # (record, generator, out) evaluated while waiting
+        every = r["checkpoint_every"] or self.sched.blocks_per_pass
         bar = None
         if self.is_master and not r["quiet"] and sys.stderr.isatty():
             from tqdm import tqdm
-            bar = tqdm(total=self.total_blocks, unit="block", leave=False)
+            bar = tqdm(total=self.total_blocks, initial=start, unit="block", leave=False)
         t_start = time.perf_counter()
         cpu_start = time.process_time()
         calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
         images = 0
         step_fn = self._block_ssgd if self.algo == "ssgd" else self._block_algo
-        if cfg["algorithm"]["warmup_steps"] and self.algo != "ssgd":
+        if cfg["algorithm"]["warmup_steps"] and self.algo != "ssgd" and not start:
             self._warmup(cfg["algorithm"]["warmup_steps"])
-
-        eval_cpu = [0.0]              # rank 0 CPU spent evaluating (useful work)
-
-        def work():
-            nonlocal pending
-            if pending is None:
-                return False
-            c0 = time.process_time()
-            try:
-                next(pending[1])
-                return True
-            except StopIteration:
-                self._emit(pending[0], pending[2])
-                pending = None
-                return False
-            finally:
-                eval_cpu[0] += time.process_time() - c0
-
-        for k in range(self.total_blocks):
-            t0 = time.perf_counter()
-            p, b, diag = step_fn(k, work)
-            # the master finishes any evaluation still pending from block k-1
-            if pending is not None:
-                c0 = time.process_time()
-                for _ in pending[1]:
-                    pass
-                eval_cpu[0] += time.process_time() - c0
-                self._emit(pending[0], pending[2])
-                pending = None
-            rv = self.recv[P:]
-            loss_sum, cnt, corr = float(rv[0]), float(rv[1]), float(rv[2])
-            comp = rv[NS:NS + n].astype(np.float64)
-            wait = rv[NS + n:NS + 2 * n].astype(np.float64)
-            wall = time.perf_counter() - t0
-            images += cnt
-            rec = {"block": k, "pass": p, "block_in_pass": b, "algorithm": self.algo,
-                   "N": n, "train_loss": loss_sum / max(cnt, 1),
-                   "train_acc": corr / max(cnt, 1), "samples": int(cnt),
-                   "primal_residual": diag["primal"], "dual_residual": diag["dual"],
-                   "rho": diag["rho"], "wall_s": wall,
-                   "compute_max_s": float(comp.max()), "compute_mean_s": float(comp.mean()),
-                   "data_wait_max_s": float(wait.max()), "data_wait_mean_s": float(wait.mean()),
-                   "comm_s": max(wall - float(comp.max()) - float(wait.max()), 0.0),
-                   "images_per_s": cnt / wall if wall > 0 else 0.0}
-            if not np.isfinite(self.z).all() or not math.isfinite(rec["train_loss"]):
-                raise FloatingPointError(
-                    f"block {k}: non-finite loss or consensus model; lower "
-                    f"optim.lr or raise algorithm.rho")
-            if self.is_master:
-                due = (k + 1) % eval_every == 0 or k + 1 == self.total_blocks
-                if due and self.val is not None:
-                    out = {}
-                    gen = self._eval_steps(self.val, self.z, out)
-                    if self.local or k + 1 == self.total_blocks:
-                        c0 = time.process_time()
-                        for _ in gen:         # nothing to overlap with: now
-                            pass
-                        eval_cpu[0] += time.process_time() - c0
-                        self._emit(rec, out)
+        old = _install_stop_handlers(self)
+        try:
+            for k in range(start, self.total_blocks):
+                self.block = k
+                t0 = time.perf_counter()
+                p, b, diag = step_fn(k, self._work)
+                self._finish_eval()     # whatever the wait did not finish
+                rv = self.recv[P:]
+                loss_sum, cnt, corr = float(rv[0]), float(rv[1]), float(rv[2])
+                comp = rv[NS:NS + n].astype(np.float64)
+                wait = rv[NS + n:NS + 2 * n].astype(np.float64)
+                wall = time.perf_counter() - t0
+                images += cnt
+                rec = {"block": k, "pass": p, "block_in_pass": b, "algorithm": self.algo,
+                       "N": n, "train_loss": loss_sum / max(cnt, 1),
+                       "train_acc": corr / max(cnt, 1), "samples": int(cnt),
+                       "primal_residual": diag["primal"], "dual_residual": diag["dual"],
+                       "rho": diag["rho"], "wall_s": wall,
+                       "compute_max_s": float(comp.max()),
+                       "compute_mean_s": float(comp.mean()),
+                       "data_wait_max_s": float(wait.max()),
+                       "data_wait_mean_s": float(wait.mean()),
+                       "comm_s": max(wall - float(comp.max()) - float(wait.max()), 0.0),
+                       "images_per_s": cnt / wall if wall > 0 else 0.0}
+                if not np.isfinite(self.z).all():
+                    raise Diverged(f"block {k}: the consensus model z is not finite; "
+                                   f"the last good checkpoint is kept. Lower optim.lr "
+                                   f"or raise algorithm.rho")
+                last = k + 1 == self.total_blocks
+                if self.is_master:
+                    due = (k + 1) % eval_every == 0 or last
+                    if due and self.val is not None:
+                        self._at("evaluation")
+                        out = {}
+                        self._pending_eval = (rec, self._eval_steps(self.val, self.z, out), out)
+                        if self.local or last:      # nothing to overlap with: now
+                            self._finish_eval()
                     else:
-                        pending = (rec, gen, out)
-                else:
-                    self._emit(rec, None)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{rec['train_loss']:.3f}")
-        if bar is not None:
-            bar.close()
+                        self._emit(rec, None)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{rec['train_loss']:.3f}")
+                if (k + 1) % every == 0 or last or self.stop_agreed:
+                    self._finish_eval()            # metrics line k before checkpoint k
+                    self._checkpoint(k)
+                if self.stop_agreed and not last:
+                    self._final_sync()
+                    raise Preempted(f"stopped by a signal after block {k}; checkpoint "
+                                    f"{ckpt.ckpt_dir(self.run_dir, k)} written; run the "
+                                    f"same command again to resume")
+            self._final_sync()
+        finally:
+            _restore_handlers(old)
+            if bar is not None:
+                bar.close()
+            for ld in self.loaders.values():
+                ld.close()
+            if self.metrics_f is not None:
+                self.metrics_f.flush()
+        return self._finish(t_start, cpu_start, calls0, bytes0, images)
+
+    def _open_run_dir(self, start):
+        r = self.cfg["run"]
+        from .config import to_toml
+        os.makedirs(r["dir"], exist_ok=True)
+        with open(os.path.join(r["dir"], "config.toml"), "w") as f:
+            f.write(to_toml(self.cfg))
+        mpath = os.path.join(r["dir"], "metrics.jsonl")
+        if start:
+            kept = []                  # the lines of the blocks the checkpoint covers
+            if os.path.exists(mpath):
+                for line in open(mpath):
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        break              # a torn last line
+                    if rec.get("block", -1) < start:
+                        kept.append(rec)
+            self.history = kept
+            with open(mpath, "w") as f:
+                f.writelines(json.dumps(x) + "\n" for x in kept)
+            self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
+                     f"(block {start} of {self.total_blocks})")
+        self.metrics_f = open(mpath, "a" if start else "w")
+        self.log(f"{self.algo}: {self.n_workers} worker(s)"
+                 f"{' (simulated)' if self.simulate else ''}, "
+                 f"{self.sched.n} train images, split {self.sched.split_size}, "
+                 f"batch {self.sched.batch}, {self.sched.blocks_per_pass} blocks/pass, "
+                 f"{self.total_blocks} blocks, model {self.P:,d} parameters")
+
+    def _finish(self, t_start, cpu_start, calls0, bytes0, images):
+        r = self.cfg["run"]
         wall = time.perf_counter() - t_start
         cpu = time.process_time() - cpu_start
-        summary = {"algorithm": self.algo, "N": n, "blocks": self.total_blocks,
+        summary = {"algorithm": self.algo, "N": self.n_workers, "blocks": self.total_blocks,
                    "passes": self.total_blocks / self.sched.blocks_per_pass,
                    "wall_s": wall, "rank0_cpu_s": cpu,
                    "rank0_cpu_share": cpu / wall if wall else 0.0,
-                   "rank0_eval_cpu_s": eval_cpu[0],
+                   "rank0_eval_cpu_s": self.eval_cpu,
                    # what rank 0 burns besides evaluating: waiting, updates, I/O
-                   "rank0_other_cpu_share": (cpu - eval_cpu[0]) / wall if wall else 0.0,
+                   "rank0_other_cpu_share": (cpu - self.eval_cpu) / wall if wall else 0.0,
                    "allreduce_calls": mpi.STATS["allreduce"] - calls0,
                    "allreduce_bytes": mpi.STATS["bytes"] - bytes0,
                    "images": int(images), "simulated": bool(self.simulate),
                    "world_size": 1 if self.simulate else mpi.world_size()}
         if self.is_master:
+            self.phase = "evaluation"
             if self.test is not None:
                 out = {}
                 for _ in self._eval_steps(self.test, self.z, out):
@@ -348,8 +609,6 @@ class Trainer:
                          f"(loss {summary['test_loss']:.4f}) after {summary['passes']:.2f} "
                          f"pass(es), {wall:.1f} s; rank 0 CPU {summary['rank0_cpu_share']:.1%} "
                          f"({summary['rank0_other_cpu_share']:.1%} outside evaluation)")
-        for ld in self.loaders.values():
-            ld.close()
         self.summary = summary
         return summary
 
@@ -369,3 +628,34 @@ class Trainer:
             if "val_acc" in rec:
                 msg += f", val acc {rec['val_acc']:.4f}"
             self.log(msg)
+
+
+def run_hash(cfg):
+    """Digest of what determines the computation (not operational keys such
+    as passes, threads, quiet, eval/checkpoint cadence or the run dir)."""
+    import copy
+    c = copy.deepcopy(cfg)
+    for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
+                "checkpoint_every", "keep_checkpoints", "simulate"):
+        c["run"].pop(key, None)
+    return digest(c)
+
+
+def _install_stop_handlers(trainer):
+    """SIGTERM / SIGUSR1 ask for a checkpoint-and-stop at the end of the
+    current block (all ranks agree through the block's Allreduce flags)."""
+    import signal
+    import threading
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, frame):
+            trainer.stop_requested = True
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            old[sig] = signal.signal(sig, on_signal)
+    return old
+
+
+def _restore_handlers(old):
+    import signal
+    for sig, h in old.items():
+        signal.signal(sig, h)

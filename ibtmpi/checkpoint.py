@@ -1,0 +1,172 @@
+"""Checkpoints: one file per rank plus a manifest written last by the master.
+
+Layout: ``RUN/checkpoints/ckpt-BBBBBBBB/rank-RRRRR.npz`` (B: the last
+block done) and ``manifest.json``. Why per-rank files: each worker's duals,
+momentum and (easgd) own model are P floats each; gathering N of them to
+the master would be an extra collective of N*P floats per checkpoint,
+while every rank writing its own file costs nothing extra on a shared
+file system (which a multi-node run directory is). The replicated state
+(z, z_g, block momentum, sum of duals, rho) is in rank 0's file only.
+
+Every file is written to a temporary name, fsynced and renamed. The master
+writes the manifest only after all ranks confirmed their file (through the
+next block's Allreduce flags, or one small final sync), so a directory
+without manifest.json is incomplete and never used. The last ``keep``
+complete checkpoints are kept.
+
+Reading is defensive (files may come from other people): no pickle
+(np.load(allow_pickle=False)), every array's shape and dtype are read from
+its .npy header and checked against what this run expects BEFORE it is
+loaded, and paths in the manifest must be plain names inside the
+checkpoint directory. Test: tests/unit/test_checkpoint.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zipfile
+
+import numpy as np
+
+FORMAT = "ibtmpi-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(Exception):
+    """A checkpoint is missing, incomplete, foreign or malformed."""
+
+
+def ckpt_dir(run_dir, block):
+    return os.path.join(run_dir, "checkpoints", f"ckpt-{block:08d}")
+
+
+def rank_file(rank):
+    return f"rank-{rank:05d}.npz"
+
+
+def _fsync_path(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_rank(run_dir, block, rank, arrays):
+    """Atomically write this rank's arrays (name -> ndarray)."""
+    d = ckpt_dir(run_dir, block)
+    os.makedirs(d, exist_ok=True)
+    final = os.path.join(d, rank_file(rank))
+    tmp = final + f".tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    return final
+
+
+def write_manifest(run_dir, block, meta, keep=2):
+    d = ckpt_dir(run_dir, block)
+    m = {"format": FORMAT, "version": VERSION, "block": block, **meta}
+    tmp = os.path.join(d, f"manifest.json.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(m, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(d, "manifest.json"))
+    try:
+        _fsync_path(d)
+    except OSError:
+        pass
+    prune(run_dir, keep)
+
+
+def complete(run_dir):
+    """Blocks of complete checkpoints (with a manifest), ascending."""
+    root = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in os.listdir(root):
+        if name.startswith("ckpt-") and name[5:].isdigit() and os.path.isfile(
+                os.path.join(root, name, "manifest.json")):
+            out.append(int(name[5:]))
+    return sorted(out)
+
+
+def any_checkpoint(run_dir):
+    root = os.path.join(run_dir, "checkpoints")
+    return os.path.isdir(root) and any(n.startswith("ckpt-") for n in os.listdir(root))
+
+
+def prune(run_dir, keep):
+    """Keep the newest `keep` complete checkpoints; drop older ones and any
+    incomplete directory older than the newest complete one."""
+    done = complete(run_dir)
+    if not done:
+        return
+    keep_set = set(done[-keep:])
+    root = os.path.join(run_dir, "checkpoints")
+    for name in os.listdir(root):
+        if not (name.startswith("ckpt-") and name[5:].isdigit()):
+            continue
+        b = int(name[5:])
+        if b not in keep_set and b < done[-1]:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def read_manifest(run_dir, block):
+    p = os.path.join(ckpt_dir(run_dir, block), "manifest.json")
+    try:
+        with open(p) as f:
+            m = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{p}: cannot be read ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION:
+        raise CheckpointError(f"{p}: not an ibtmpi checkpoint manifest (format "
+                              f"{m.get('format') if isinstance(m, dict) else None!r})")
+    for f in m.get("files", []):
+        if not isinstance(f, str) or os.path.basename(f) != f or f in (".", ".."):
+            raise CheckpointError(f"{p}: file name {f!r} must be a plain name inside "
+                                  f"the checkpoint directory")
+    return m
+
+
+def _npy_header(zf, member):
+    with zf.open(member) as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    return tuple(shape), np.dtype(dtype)
+
+
+def read_rank(path, expect):
+    """Load the arrays named in `expect` {name: (shape, dtype)} from one rank
+    file, checking each header first; extra members are ignored."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path} is missing")
+    try:
+        zf = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint file ({e})") from None
+    with zf:
+        names = set(zf.namelist())
+        for name, (shape, dtype) in expect.items():
+            member = f"{name}.npy"
+            if member not in names:
+                raise CheckpointError(f"{path}: array {name!r} missing")
+            try:
+                got_shape, got_dtype = _npy_header(zf, member)
+            except ValueError as e:
+                raise CheckpointError(f"{path}: array {name!r} has a bad header ({e})") from None
+            if got_shape != tuple(shape) or got_dtype != np.dtype(dtype):
+                raise CheckpointError(
+                    f"{path}: array {name!r} is {got_dtype}{list(got_shape)}, this run "
+                    f"expects {np.dtype(dtype)}{list(shape)} (a checkpoint of another "
+                    f"model or configuration?)")
+    with np.load(path, allow_pickle=False) as z:
+        return {name: z[name] for name in expect}

@@ -1,0 +1,186 @@
+"""Fail fast, never hang: real `mpiexec -n 3` jobs (master + 2 workers)
+with injected faults, a NaN, a signal to one rank and a SIGKILL of a worker;
+and every bad input ending with exit status 2 and a clear message."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ibtmpi import checkpoint as ckpt
+from ibtmpi.cli import main
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
+
+
+def base_sets(data, run_dir, passes=3, **extra):
+    sets = {"data.path": data, "algorithm.name": "admm", "data.split_size": 40,
+            "data.batch": 16, "model.layers": "tiny", "run.passes": passes,
+            "run.dir": run_dir, "run.threads": 1, "run.eval_every": 1,
+            "run.checkpoint_every": 1, **extra}
+    out = []
+    for k, v in sets.items():
+        out += ["--set", f"{k}={v}"]
+    return out
+
+
+def launch(sets, env=None, n=3, popen=False):
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, "-m", "ibtmpi", "train", "--quiet"] + sets
+    e = dict(os.environ, **(env or {}))
+    if popen:
+        return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    t0 = time.time()
+    r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=180)
+    return r.returncode, r.stdout, r.stderr, time.time() - t0
+
+
+@pytest.mark.parametrize("rank,phase", [(1, "compute"), (2, "allreduce"), (0, "allreduce"),
+                                        (0, "evaluation"), (1, "checkpoint"),
+                                        (0, "checkpoint")])
+def test_injected_fault_ends_the_job_fast(small_dataset, tmp_path, rank, phase):
+    rc, out, err, dt = launch(base_sets(small_dataset, tmp_path / "r"),
+                              {"IBTMPI_FAULT": f"{rank}:2:{phase}"})
+    assert rc != 0
+    assert dt < 60
+    assert f"[rank {rank}] ibtmpi train failed in block 2, phase {phase}" in err
+    assert "InjectedFault" in err
+
+
+def test_divergence_stops_names_block_and_rank_keeps_checkpoint(small_dataset, tmp_path):
+    run = tmp_path / "r"
+    rc, out, err, dt = launch(base_sets(small_dataset, run), {"IBTMPI_FAULT": "2:3:nan"})
+    assert rc == 4, (out, err)
+    assert "block 3: non-finite loss or model on worker(s) [1] (rank(s) [2])" in out
+    assert "Lower optim.lr or raise algorithm.rho" in out
+    assert ckpt.complete(str(run))[-1] == 2         # the good one, not block 3
+    m = ckpt.read_manifest(str(run), 2)
+    assert all(os.path.exists(os.path.join(ckpt.ckpt_dir(str(run), 2), f)) for f in m["files"])
+
+
+def _rank_pids(marker):
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if any(marker.encode() in c for c in cmd) and b"ibtmpi" in cmd and \
+                not any(c.endswith(b"mpiexec") or b"hydra" in c for c in cmd):
+            pids.append(int(d))
+    return sorted(pids)
+
+
+def _wait_for(pred, timeout=60):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_signal_on_one_rank_checkpoints_and_resumes(small_dataset, tmp_path):
+    run = str(tmp_path / "r")
+    sets = base_sets(small_dataset, run, passes=200, **{"run.checkpoint_every": 50})
+    p = launch(sets, popen=True)
+    assert _wait_for(lambda: os.path.exists(os.path.join(run, "metrics.jsonl"))
+                     and sum(1 for _ in open(os.path.join(run, "metrics.jsonl"))) >= 3)
+    pids = _rank_pids(run)
+    assert len(pids) == 3, pids
+    os.kill(pids[-1], signal.SIGUSR1)              # one rank only
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 75, (out, err)
+    assert "preempted" in out
+    done = ckpt.complete(run)
+    assert done, "no checkpoint after preemption"
+    rc, out2, err2, _ = launch(sets)
+    assert rc == 0, err2
+    assert f"resuming from {ckpt.ckpt_dir(run, done[-1])}" in out2
+    lines = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
+    assert [l["block"] for l in lines] == list(range(len(lines)))
+
+
+def test_sigkill_of_a_worker_then_resume(small_dataset, tmp_path):
+    run = str(tmp_path / "r")
+    sets = base_sets(small_dataset, run, passes=200, **{"run.checkpoint_every": 20})
+    p = launch(sets, popen=True)
+    assert _wait_for(lambda: len(ckpt.complete(run)) >= 1)
+    pids = _rank_pids(run)
+    t0 = time.time()
+    os.kill(pids[-1], signal.SIGKILL)
+    p.communicate(timeout=60)
+    assert p.returncode != 0 and time.time() - t0 < 30
+    last = ckpt.complete(run)[-1]
+    m = ckpt.read_manifest(run, last)                # intact
+    assert m["n_workers"] == 2
+    rc, out, err, _ = launch(base_sets(small_dataset, run, passes=200,
+                                       **{"run.checkpoint_every": 20}))
+    assert rc == 0, err
+    assert "resuming from" in out
+
+
+def _corrupt(src, dst):
+    shutil.copytree(src, dst)
+    with open(os.path.join(dst, "train-00001-of-00003.h5"), "wb") as f:
+        f.write(b"garbage" * 100)
+    return str(dst)
+
+
+BAD = [
+    ("missing dataset", lambda d, t: ["--set", f"data.path={t}/nope"], {}, "does not exist"),
+    ("corrupt hdf5", lambda d, t: ["--set", f"data.path={_corrupt(d, t / 'c')}"], {},
+     "train-00001-of-00003.h5: cannot be read as HDF5"),
+    ("too few samples", lambda d, t: ["--set", f"data.path={d}", "--set", "data.batch=1000"],
+     {}, "fewer than 1 workers x batch 1000"),
+    ("unknown key", lambda d, t: ["--set", f"data.path={d}", "--set", "optim.lrr=1"], {},
+     "unknown key optim.lrr (did you mean 'lr'?)"),
+    ("wrong type", lambda d, t: ["--set", f"data.path={d}", "--set", "data.batch=abc"], {},
+     "data.batch must be an integer"),
+    ("negative rho", lambda d, t: ["--set", f"data.path={d}", "--set", "algorithm.rho=-1"],
+     {}, "algorithm.rho must be > 0"),
+    ("zero batch", lambda d, t: ["--set", f"data.path={d}", "--set", "data.batch=0"], {},
+     "data.batch must be >= 1"),
+    ("model does not fit the data", lambda d, t: [
+        "--set", f"data.path={d}", "--set",
+        'model.layers=[{type="conv", out=4, k=32, pad=0}, {type="linear"}]'], {},
+     "does not fit an input of size 16"),
+    ("slurm without launcher", lambda d, t: ["--set", f"data.path={d}"],
+     {"SLURM_NTASKS": "4"}, "started without a launcher"),
+    ("run dir not writable", lambda d, t: ["--set", f"data.path={d}", "--set",
+                                           "run.dir=/proc/1/nope"], {}, "is not writable"),
+    ("gpu without gpu", lambda d, t: ["--set", f"data.path={d}", "--device", "gpu"], {},
+     "--device gpu was asked for but"),
+]
+
+
+@pytest.mark.parametrize("name,args,env,msg", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_exits_2_with_message(small_dataset, tmp_path, monkeypatch, capsys,
+                                        name, args, env, msg):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    rc = main(["train", "--quiet", "--set", f"run.dir={tmp_path / 'run'}"]
+              + args(small_dataset, tmp_path))
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert msg in err
+
+
+def test_resume_from_other_config_exits_2_and_overwrites_nothing(small_dataset, tmp_path,
+                                                                  capsys):
+    run = tmp_path / "run"
+    common = ["train", "--quiet", "--set", f"data.path={small_dataset}", "--set",
+              f"run.dir={run}", "--set", "model.layers=tiny", "--set", "data.split_size=40"]
+    assert main(common) == 0
+    before = {f: open(run / f, "rb").read() for f in ("metrics.jsonl", "summary.json")}
+    rc = main(common + ["--set", "model.layers=softmax"])
+    assert rc == 2
+    assert "written by another configuration" in capsys.readouterr().err
+    assert {f: open(run / f, "rb").read() for f in before} == before

@@ -187,6 +187,7 @@ def cmd_train(args):
         import warnings
         fmt = warnings.formatwarning
         warnings.formatwarning = lambda *a, **k: f"[rank {rank}] " + fmt(*a, **k)
+    comm.install_abort_hooks(rank)
     bad_input = (ConfigError, DatasetError, CheckpointError, DeviceError, ValueError, OSError)
     try:
         ntasks = os.environ.get("SLURM_NTASKS", "")

@@ -32,13 +32,15 @@ def library_version():
 STATS = {"allreduce": 0, "bytes": 0, "wait_s": 0.0}
 
 
-def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True):
+def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
+                  watch=None):
     """Sum `send` over all ranks into `recv` with ONE non-blocking Allreduce.
 
     Every rank must call this (blocking and non-blocking collectives never
     match). While waiting, `work()` is called (it returns False when it has
     nothing left to do); otherwise the rank sleeps with a back-off up to
-    `sleep_max` seconds instead of spinning a core in MPI_Wait.
+    `sleep_max` seconds instead of spinning a core in MPI_Wait. `watch()`,
+    if given, is called every round and may raise (the watchdog).
     """
     import time
     comm = comm or MPI.COMM_WORLD
@@ -54,6 +56,8 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True)
     req = comm.Iallreduce(send, recv, op=MPI.SUM)
     nap = 0.0002
     while not req.Test():
+        if watch is not None:
+            watch()
         if work is not None and work():
             continue
         time.sleep(nap)
@@ -80,3 +84,53 @@ def world_size():
 
 def world_rank():
     return MPI.COMM_WORLD.Get_rank()
+
+
+# -- watchdog arrivals (point-to-point, only when the watchdog is on) ---------
+
+ARRIVE_TAG = 7301
+
+
+def send_arrival(block, comm=None):
+    """A worker tells rank 0 it reached block's Allreduce (non-blocking)."""
+    import numpy as np
+    comm = comm or MPI.COMM_WORLD
+    buf = np.array([block], np.int64)
+    return comm.Isend(buf, dest=0, tag=ARRIVE_TAG), buf
+
+
+def post_arrivals(comm=None):
+    """Rank 0: one receive per worker rank; returns {rank: (request, buf)}."""
+    import numpy as np
+    comm = comm or MPI.COMM_WORLD
+    out = {}
+    for r in range(1, comm.Get_size()):
+        buf = np.zeros(1, np.int64)
+        out[r] = (comm.Irecv(buf, source=r, tag=ARRIVE_TAG), buf)
+    return out
+
+
+def missing_arrivals(posted):
+    return [r for r, (req, _) in posted.items() if not req.Test()]
+
+
+def wait_all(reqs):
+    MPI.Request.Waitall([r for r in reqs])
+
+
+def install_abort_hooks(rank):
+    """Uncaught exceptions in any thread print the rank and abort the world
+    (so no other rank waits forever); works without `python -m mpi4py`."""
+    import sys
+    import threading
+    import traceback
+
+    def hook(et, ev, tb):
+        sys.stderr.write(f"[rank {rank}] uncaught exception:\n"
+                         + "".join(traceback.format_exception(et, ev, tb)))
+        sys.stderr.flush()
+        if MPI.COMM_WORLD.Get_size() > 1:
+            MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+    threading.excepthook = lambda a: hook(a.exc_type, a.exc_value, a.exc_traceback)

@@ -71,6 +71,7 @@ DEFAULTS = {
         "checkpoint_every": 0,   # blocks between checkpoints; 0: once per pass
         "keep_checkpoints": 2,   # complete checkpoints kept
         "resume": "auto",        # auto | always | never
+        "watchdog_s": 0.0,       # > 0: abort a block running longer (MPI runs)
     },
 }
 
@@ -175,6 +176,7 @@ def validate(cfg):
         (r["simulate"] >= 0, "run.simulate must be >= 0"),
         (r["checkpoint_every"] >= 0, "run.checkpoint_every must be >= 0"),
         (r["keep_checkpoints"] >= 1, "run.keep_checkpoints must be >= 1"),
+        (r["watchdog_s"] >= 0, "run.watchdog_s must be >= 0"),
         (r["resume"] in ("auto", "always", "never"),
          "run.resume must be auto, always or never"),
     ]

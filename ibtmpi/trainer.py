@@ -48,6 +48,10 @@ class Diverged(Exception):
     """Non-finite loss or model; the last good checkpoint is kept."""
 
 
+class WatchdogTimeout(RuntimeError):
+    """A block ran past run.watchdog_s; names the ranks that had not arrived."""
+
+
 class InjectedFault(RuntimeError):
     """Raised by IBTMPI_FAULT=rank:block:phase (tests of fail-fast)."""
 
@@ -193,6 +197,8 @@ class Trainer:
             mbs = self.loaders[i].block(p, b)
             t1 = time.perf_counter()
             self._at("compute")
+            if self.fault and self.fault == (self.rank, k, "hang"):
+                time.sleep(3600)                   # injected hang (watchdog tests)
             self.model.set_dropout_seed([self.cfg["data"]["seed"], k, i])
             self._swap_in(i)
             if self.cfg["optim"]["reset_momentum"]:
@@ -217,12 +223,36 @@ class Trainer:
                     and np.isfinite(out).all()):
                 send[self.F0 + 1 + i] += FLAG_NONFINITE
         self._at("allreduce")
-        mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None)
+        self._reduce(send, recv, work, k)
         self._check_flags(k)
         diag = self.cons.update(recv[:P], float(recv[P + 3]))
         for i in self.local:
             self.cons.worker_end(self.states[i], self.model.params)
         return p, b, diag
+
+    def _reduce(self, send, recv, work, k):
+        """The block's Allreduce; with run.watchdog_s the master aborts a
+        block past the limit, naming the ranks that had not arrived."""
+        limit = self.cfg["run"]["watchdog_s"]
+        if not limit or self.simulate or mpi.world_size() == 1:
+            mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None)
+            return
+        if self.is_master:
+            posted = mpi.post_arrivals()
+            t0 = time.perf_counter()
+
+            def watch():
+                if time.perf_counter() - t0 > limit:
+                    missing = mpi.missing_arrivals(posted)
+                    raise WatchdogTimeout(
+                        f"block {k} ran past run.watchdog_s = {limit:g} s; rank(s) "
+                        f"{missing} had not arrived at the Allreduce")
+            mpi.allreduce_sum(send, recv, self.comm, work=work, watch=watch)
+            mpi.wait_all([req for req, _ in posted.values()])
+        else:
+            req, _buf = mpi.send_arrival(k)
+            mpi.allreduce_sum(send, recv, self.comm)
+            mpi.wait_all([req])
 
     def _mark_flags(self):
         """This rank's flag slots for the coming Allreduce."""
@@ -284,7 +314,7 @@ class Trainer:
                 if len(y) and not math.isfinite(loss):
                     send[self.F0 + 1 + i] += FLAG_NONFINITE
             self._at("allreduce")
-            mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None)
+            self._reduce(send, recv, work, k)
             self._check_flags(k)
             g = recv[:P] * np.float32(1.0 / n)
             self.opt.step(g)            # same averaged gradient on every rank
@@ -636,7 +666,7 @@ def run_hash(cfg):
     import copy
     c = copy.deepcopy(cfg)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
-                "checkpoint_every", "keep_checkpoints", "simulate"):
+                "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s"):
         c["run"].pop(key, None)
     return digest(c)
 

@@ -63,6 +63,15 @@ def test_divergence_stops_names_block_and_rank_keeps_checkpoint(small_dataset, t
     assert all(os.path.exists(os.path.join(ckpt.ckpt_dir(str(run), 2), f)) for f in m["files"])
 
 
+def test_watchdog_names_the_rank_that_did_not_arrive(small_dataset, tmp_path):
+    rc, out, err, dt = launch(base_sets(small_dataset, tmp_path / "r",
+                                        **{"run.watchdog_s": 3}),
+                              {"IBTMPI_FAULT": "2:2:hang"})
+    assert rc != 0
+    assert dt < 30
+    assert "block 2 ran past run.watchdog_s = 3 s; rank(s) [2] had not arrived" in err
+
+
 def _rank_pids(marker):
     pids = []
     for d in os.listdir("/proc"):

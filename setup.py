@@ -42,8 +42,11 @@ setup(
         # nvidia-cuda-nvrtc-cu12: NVRTC without a GPU, to compile kernels/*.cu
         # to PTX in the tests (ibtmpi/kernelcheck.py)
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy",
+                 "onnx>=1.14", "onnxruntime>=1.16", "matplotlib>=3.5",
                  "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'"],
         "bench": ["torch==2.13.0"],
+        "onnx": ["onnx>=1.14", "onnxruntime>=1.16"],
+        "plot": ["matplotlib>=3.5"],
     },
     entry_points={"console_scripts": ["ibtmpi = ibtmpi.cli:main",
                                       "ibtmpi-prep = ibtmpi.data_prep.cli:main"]},

@@ -42,7 +42,7 @@ def run(args, name, algo, n, sets, mpi):
     t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode == 4:                 # diverged: a result, not a crash
-        msg = (out.stderr.strip().splitlines() or ["diverged"])[-1]
+        msg = next((l for l in out.stdout.splitlines() if "diverged" in l), "diverged")
         print(f"  {name}: DIVERGED ({msg})", flush=True)
         return {"diverged": True, "message": msg, "test_acc": float("nan"),
                 "mode": "mpi" if (mpi and n > 1) else "sim", "passes": args.passes}

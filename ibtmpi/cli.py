@@ -71,6 +71,33 @@ def build_parser():
                    help="compute device of the workers (default cpu)")
     p.add_argument("--quiet", action="store_true")
 
+    p = sub.add_parser("evaluate", help="accuracy, per-class P/R/F1, confusion matrix",
+                       description="Evaluate a trained model (run directory, model.npz "
+                       "or checkpoint directory) on a dataset split. Under mpiexec "
+                       "the split is shared out over the ranks; the result is "
+                       "identical to one process.")
+    p.add_argument("model")
+    p.add_argument("--data", required=True, help="dataset directory")
+    p.add_argument("--split", default="test")
+    p.add_argument("--out", help="directory for report.json, report.txt and "
+                   "confusion.png (default: print only)")
+
+    p = sub.add_parser("predict", help="class and probabilities for image files",
+                       description="Predict image files or folders with exactly the "
+                       "training preprocessing (RGB, resize, normalisation).")
+    p.add_argument("model")
+    p.add_argument("images", nargs="+")
+    p.add_argument("--format", choices=("csv", "json"), default="csv")
+    p.add_argument("--out", help="write here instead of standard output")
+
+    p = sub.add_parser("export", help="export to ONNX")
+    p.add_argument("model")
+    p.add_argument("--onnx", required=True, metavar="FILE")
+
+    p = sub.add_parser("plot", help="PNG plots of a run's metrics")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="output directory (default RUN_DIR/plots)")
+
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
     p.add_argument("--model", default="reference")
     p.add_argument("--image-size", type=_positive_int, default=64)
@@ -255,13 +282,146 @@ def _fail(msg, code, size, rank, every_rank=False):
     return code
 
 
+def cmd_evaluate(args):
+    import json
+    import os
+    import numpy as np
+    from . import comm
+    from .dataset import Dataset, DatasetError
+    from .outputs import (TrainedModelError, confusion, confusion_png, format_report,
+                          load_trained, report)
+    from .schedule import worker_range
+    size, rank = comm.world_size(), comm.world_rank()
+    try:
+        tm = load_trained(args.model)
+        ds = Dataset(args.data)
+        if ds.classes != tm.classes:
+            raise UsageError(f"{args.data} has classes {ds.classes}, the model was "
+                             f"trained on {tm.classes}")
+        if ds.image_shape != tm.image_shape:
+            raise UsageError(f"{args.data} has images {ds.image_shape}, the model takes "
+                             f"{tm.image_shape} (H, W, C); re-import with "
+                             f"`ibtmpi prep ... --size {tm.image_shape[0]}`")
+        sp = ds.split(args.split)
+    except (TrainedModelError, DatasetError, UsageError) as e:
+        return _fail(f"ibtmpi evaluate: error: {e}", 2, size, rank)
+    lo, hi = worker_range(sp.n, size, rank)       # this rank's share
+    cm = np.zeros((len(tm.classes), len(tm.classes)), np.int64)
+    for s in range(lo, hi, 1024):
+        idx = np.arange(s, min(hi, s + 1024))
+        preds = tm.probs(sp.read(idx)).argmax(1)
+        cm += confusion(sp.labels[idx], preds, len(tm.classes))
+    total = np.zeros_like(cm)
+    comm.allreduce_sum(cm, total, count=False)
+    if rank == 0:
+        rep = report(total, tm.classes)
+        rep.update(model=os.path.abspath(args.model), data=os.path.abspath(args.data),
+                   split=args.split, ranks=size)
+        text = format_report(rep)
+        print(text)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "report.json"), "w") as f:
+                json.dump(rep, f, indent=1)
+            with open(os.path.join(args.out, "report.txt"), "w") as f:
+                f.write(text + "\n")
+            confusion_png(rep, os.path.join(args.out, "confusion.png"))
+            print(f"wrote {args.out}/report.json, report.txt, confusion.png")
+    return 0
+
+
+def cmd_predict(args):
+    import csv
+    import io
+    import json
+    import os
+    import numpy as np
+    from .data_prep.prep import IMAGE_EXT, load_image
+    from .outputs import TrainedModelError, load_trained
+    try:
+        tm = load_trained(args.model)
+    except TrainedModelError as e:
+        raise UsageError(str(e)) from None
+    files = []
+    for p in args.images:
+        if os.path.isdir(p):
+            for dp, _, fs in os.walk(p):
+                files += [os.path.join(dp, f) for f in sorted(fs)
+                          if os.path.splitext(f)[1].lower() in IMAGE_EXT]
+        else:
+            files.append(p)
+    h, w, c = tm.image_shape
+    if h != w:
+        raise UsageError(f"model input {h}x{w} is not square; predict resizes to squares")
+    imgs, ok, errors = [], [], []
+    for f in files:
+        try:
+            imgs.append(load_image(f, h))
+            ok.append(f)
+        except Exception as e:                   # unreadable: report, go on
+            errors.append((f, f"{type(e).__name__}: {e}"))
+    rows = []
+    if imgs:
+        probs = tm.probs(np.stack(imgs))
+        for f, pr in zip(ok, probs):
+            rows.append({"file": f, "class": tm.classes[int(pr.argmax())],
+                         **{f"p_{k}": float(v) for k, v in zip(tm.classes, pr)}})
+    for f, why in errors:
+        print(f"ibtmpi predict: cannot read {f}: {why}", file=sys.stderr)
+    if args.format == "json":
+        text = json.dumps({"predictions": rows,
+                           "errors": [{"file": f, "error": e} for f, e in errors]}, indent=1)
+    else:
+        buf = io.StringIO()
+        wr = csv.DictWriter(buf, ["file", "class"] + [f"p_{k}" for k in tm.classes])
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
+        text = buf.getvalue().rstrip("\n")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    if not rows:
+        print("ibtmpi predict: error: no image could be read", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_export(args):
+    from .outputs import TrainedModelError, load_trained
+    try:
+        tm = load_trained(args.model)
+        from .onnx_export import export
+        model = export(tm, args.onnx)
+    except (TrainedModelError, RuntimeError) as e:
+        raise UsageError(str(e)) from None
+    print(f"wrote {args.onnx}: {len(model.graph.node)} nodes; input 'image' float32 "
+          f"(N, {', '.join(map(str, tm.model.input_shape))}) RGB 0..255 (normalisation "
+          f"folded in); outputs 'logits', 'probs' over {', '.join(tm.classes)}")
+    return 0
+
+
+def cmd_plot(args):
+    from .outputs import TrainedModelError, plot_run
+    try:
+        files = plot_run(args.run_dir, args.out)
+    except TrainedModelError as e:
+        raise UsageError(str(e)) from None
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
 def cmd_prep(args):
     from .data_prep.cli import main as prep_main
     return prep_main(args.rest, prog="ibtmpi prep")
 
 
 COMMANDS = {"info": cmd_info, "demo": cmd_demo, "prep": cmd_prep,
-            "train": cmd_train}
+            "train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict,
+            "export": cmd_export, "plot": cmd_plot}
 
 
 def main(argv=None):

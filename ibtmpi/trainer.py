@@ -628,9 +628,8 @@ class Trainer:
             last_val = [h for h in self.history if "val_acc" in h]
             if last_val:
                 summary["val_acc"] = last_val[-1]["val_acc"]
-            np.savez(os.path.join(r["dir"], "model.npz"), z=self.z,
-                     input_shape=np.array(self.model.input_shape),
-                     n_classes=np.array(self.model.n_classes))
+            save_model(os.path.join(r["dir"], "model.npz"), self.z, self.model,
+                       self.ds, self.cfg)
             with open(os.path.join(r["dir"], "summary.json"), "w") as f:
                 json.dump(summary, f, indent=1)
             self.metrics_f.close()
@@ -689,3 +688,17 @@ def _restore_handlers(old):
     import signal
     for sig, h in old.items():
         signal.signal(sig, h)
+
+
+def save_model(path, z, model, ds, cfg):
+    """The trained model, self-contained and pickle-free: parameters, layer
+    spec, input shape, classes and the normalisation it was trained with."""
+    tmp = path + f".tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, format=np.array("ibtmpi-model-1"), z=z,
+                 input_shape=np.array(model.input_shape, np.int64),
+                 classes=np.array(json.dumps(ds.classes)),
+                 layers=np.array(json.dumps(cfg["model"]["layers"])),
+                 mean=np.asarray(ds.mean, np.float64), std=np.asarray(ds.std, np.float64),
+                 algorithm=np.array(cfg["algorithm"]["name"]))
+    os.replace(tmp, path)

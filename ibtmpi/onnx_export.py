@@ -1,0 +1,80 @@
+"""ONNX export of a trained model (needs the 'onnx' extra).
+
+Graph: input ``image`` float32 (N, C, H, W), RAW pixel values 0..255, RGB,
+NCHW; the training normalisation is folded in as Sub(mean) and Div(std);
+then Conv / MaxPool / Relu / Flatten / Gemm nodes in the model's layer order
+(dropout is the identity at inference); outputs ``logits`` (N, K) and
+``probs`` = Softmax(logits). Opset 17. Test: tests/unit/test_outputs.py runs
+onnxruntime on it against our own forward.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .layers import Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU
+
+
+def build(trained):
+    try:
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        raise RuntimeError("ONNX export needs the onnx package: pip install 'ibtmpi[onnx]'") from None
+    m = trained.model
+    c = m.input_shape[0]
+    inits = [numpy_helper.from_array(trained.mean.reshape(1, c, 1, 1).astype(np.float32), "mean"),
+             numpy_helper.from_array(trained.std.reshape(1, c, 1, 1).astype(np.float32), "std")]
+    nodes = [helper.make_node("Sub", ["image", "mean"], ["centred"]),
+             helper.make_node("Div", ["centred", "std"], ["x0"])]
+    cur = "x0"
+    for i, layer in enumerate(m.layers):
+        out = f"x{i + 1}"
+        if isinstance(layer, Conv2d):
+            w, b = layer.params
+            inits += [numpy_helper.from_array(np.ascontiguousarray(w), f"W{i}"),
+                      numpy_helper.from_array(np.ascontiguousarray(b), f"B{i}")]
+            nodes.append(helper.make_node(
+                "Conv", [cur, f"W{i}", f"B{i}"], [out], kernel_shape=[layer.k, layer.k],
+                pads=[layer.pad] * 4, strides=[layer.stride] * 2))
+        elif isinstance(layer, MaxPool2d):
+            nodes.append(helper.make_node("MaxPool", [cur], [out],
+                                          kernel_shape=[layer.k, layer.k],
+                                          strides=[layer.stride] * 2))
+        elif isinstance(layer, ReLU):
+            nodes.append(helper.make_node("Relu", [cur], [out]))
+        elif isinstance(layer, Flatten):
+            nodes.append(helper.make_node("Flatten", [cur], [out], axis=1))
+        elif isinstance(layer, Linear):
+            w, b = layer.params
+            inits += [numpy_helper.from_array(np.ascontiguousarray(w), f"W{i}"),
+                      numpy_helper.from_array(np.ascontiguousarray(b), f"B{i}")]
+            nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"B{i}"], [out], transB=1))
+        elif isinstance(layer, Dropout):
+            nodes.append(helper.make_node("Identity", [cur], [out]))
+        else:
+            raise RuntimeError(f"ONNX export: no mapping for layer {layer.describe()}")
+        cur = out
+    nodes.append(helper.make_node("Identity", [cur], ["logits"]))
+    nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=1))
+    k = len(trained.classes)
+    graph = helper.make_graph(
+        nodes, "ibtmpi_cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                       ["N", *m.input_shape])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", k]),
+         helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", k])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              producer_name="ibtmpi")
+    model.metadata_props.add(key="classes", value=",".join(trained.classes))
+    model.metadata_props.add(key="input", value="float32 NCHW RGB pixel values 0..255; "
+                             "normalisation folded in")
+    onnx.checker.check_model(model)
+    return model
+
+
+def export(trained, path):
+    import onnx
+    model = build(trained)
+    onnx.save(model, path)
+    return model

@@ -1,0 +1,265 @@
+"""What a user does with a trained model: load it, evaluate it on a dataset
+split, predict image files, plot a run's metrics.
+
+``load_trained(path)`` takes a run directory (its model.npz), a model.npz
+file, or a checkpoint directory (z from its rank-00000.npz; layers from the
+run's config.toml; classes and normalisation from the dataset). Files are
+read without pickle and every array's shape is checked before it is
+trusted. Errors are TrainedModelError with the file and what to do.
+Tests: tests/unit/test_outputs.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from .model import Model
+
+
+class TrainedModelError(Exception):
+    pass
+
+
+class Trained:
+    def __init__(self, z, layers, input_shape, classes, mean, std, source):
+        self.classes = list(classes)
+        self.mean = np.asarray(mean, np.float64)
+        self.std = np.asarray(std, np.float64)
+        self.source = source
+        self.layers = layers
+        try:
+            self.model = Model(layers, tuple(int(s) for s in input_shape), len(self.classes))
+        except ValueError as e:
+            raise TrainedModelError(f"{source}: layer spec does not build: {e}") from None
+        if z.shape != (self.model.size,) or z.dtype != np.float32:
+            raise TrainedModelError(
+                f"{source}: parameters are {z.dtype}{list(z.shape)}, the model needs "
+                f"float32[{self.model.size}] (incompatible checkpoint)")
+        np.copyto(self.model.params, z)
+
+    @property
+    def image_shape(self):                      # (H, W, C)
+        c, h, w = self.model.input_shape
+        return (h, w, c)
+
+    def probs(self, images_u8, batch=256):
+        from .data import normalize
+        out = np.empty((len(images_u8), len(self.classes)), np.float32)
+        for s in range(0, len(images_u8), batch):
+            x = normalize(images_u8[s:s + batch], self.mean, self.std)
+            out[s:s + batch] = self.model.predict_proba(x, batch)
+        return out
+
+
+def _npz(path, expect):
+    """Arrays of an untrusted npz: no pickle, shapes checked from headers."""
+    from .checkpoint import CheckpointError, read_rank
+    try:
+        return read_rank(path, expect)
+    except CheckpointError as e:
+        raise TrainedModelError(str(e)) from None
+
+
+def _model_npz(path):
+    import zipfile
+    try:
+        names = set(zipfile.ZipFile(path).namelist())
+    except (OSError, zipfile.BadZipFile) as e:
+        raise TrainedModelError(f"{path}: not a model file ({e})") from None
+    if "format.npy" not in names:
+        raise TrainedModelError(f"{path}: not an ibtmpi model file (no 'format')")
+    with np.load(path, allow_pickle=False) as f:
+        try:
+            fmt = str(f["format"])
+            shape = f["input_shape"]
+            classes = json.loads(str(f["classes"]))
+            layers = json.loads(str(f["layers"]))
+            if shape.shape != (3,) or f["mean"].shape != (shape[0],):
+                raise ValueError("bad input_shape/mean")
+            mean, std = f["mean"], f["std"]
+        except (KeyError, ValueError) as e:
+            raise TrainedModelError(f"{path}: malformed model file ({e})") from None
+    if fmt != "ibtmpi-model-1":
+        raise TrainedModelError(f"{path}: unsupported model format {fmt!r}")
+    probe = Model(layers, tuple(int(s) for s in shape), len(classes))
+    z = _npz(path, {"z": ((probe.size,), np.float32)})["z"]
+    return Trained(z, layers, shape, classes, mean, std, path)
+
+
+def load_trained(path):
+    if not os.path.exists(path):
+        raise TrainedModelError(f"{path} does not exist (give a run directory, its "
+                                f"model.npz, or a checkpoint directory)")
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "model.npz")):
+            return _model_npz(os.path.join(path, "model.npz"))
+        if os.path.isfile(os.path.join(path, "rank-00000.npz")):
+            return _from_checkpoint(path)
+        raise TrainedModelError(f"{path}: no model.npz (a run that finished) and no "
+                                f"rank-00000.npz (a checkpoint directory)")
+    return _model_npz(path)
+
+
+def _from_checkpoint(d):
+    from .config import load
+    from .dataset import Dataset
+    if not os.path.isfile(os.path.join(d, "manifest.json")):
+        raise TrainedModelError(f"{d} is an incomplete checkpoint (no manifest.json)")
+    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(d)))
+    cfg_path = os.path.join(run_dir, "config.toml")
+    if not os.path.isfile(cfg_path):
+        raise TrainedModelError(f"{cfg_path} missing: cannot tell the checkpoint's model")
+    cfg = load(cfg_path)
+    ds = Dataset(cfg["data"]["path"])
+    h, w, c = ds.image_shape
+    probe = Model(cfg["model"]["layers"], (c, h, w), ds.n_classes)
+    name = "params" if cfg["algorithm"]["name"] == "ssgd" else "z"
+    z = _npz(os.path.join(d, "rank-00000.npz"), {name: ((probe.size,), np.float32)})[name]
+    return Trained(z, cfg["model"]["layers"], (c, h, w), ds.classes, ds.mean, ds.std, d)
+
+
+# -- evaluation ---------------------------------------------------------------
+
+def confusion(labels, preds, k):
+    m = np.zeros((k, k), np.int64)
+    np.add.at(m, (labels, preds), 1)
+    return m
+
+
+def report(cm, classes):
+    """Accuracy and per-class precision / recall / F1 from a confusion matrix
+    (rows: true class, columns: predicted)."""
+    tp = np.diag(cm).astype(np.float64)
+    pred = cm.sum(0).astype(np.float64)
+    true = cm.sum(1).astype(np.float64)
+    prec = np.divide(tp, pred, out=np.zeros_like(tp), where=pred > 0)
+    rec = np.divide(tp, true, out=np.zeros_like(tp), where=true > 0)
+    f1 = np.divide(2 * prec * rec, prec + rec, out=np.zeros_like(tp), where=prec + rec > 0)
+    return {"n": int(cm.sum()), "accuracy": float(tp.sum() / max(cm.sum(), 1)),
+            "classes": classes, "confusion": cm.tolist(),
+            "per_class": {c: {"precision": float(p), "recall": float(r), "f1": float(f),
+                              "support": int(t)}
+                          for c, p, r, f, t in zip(classes, prec, rec, f1, true)},
+            "macro_f1": float(f1.mean())}
+
+
+def format_report(rep):
+    cls = rep["classes"]
+    w = max(8, max(len(c) for c in cls))
+    lines = [f"accuracy {rep['accuracy']:.4f} on {rep['n']} images; macro F1 "
+             f"{rep['macro_f1']:.4f}", "",
+             f"{'class':<{w}} {'precision':>9} {'recall':>7} {'F1':>7} {'support':>8}"]
+    for c in cls:
+        m = rep["per_class"][c]
+        lines.append(f"{c:<{w}} {m['precision']:>9.4f} {m['recall']:>7.4f} "
+                     f"{m['f1']:>7.4f} {m['support']:>8d}")
+    lines += ["", "confusion matrix (rows: true, columns: predicted)",
+              " " * (w + 1) + " ".join(f"{c[:7]:>7}" for c in cls)]
+    for c, row in zip(cls, rep["confusion"]):
+        lines.append(f"{c:<{w}} " + " ".join(f"{v:>7d}" for v in row))
+    return "\n".join(lines)
+
+
+def confusion_png(rep, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cm = np.array(rep["confusion"])
+    k = len(rep["classes"])
+    fig, ax = plt.subplots(figsize=(1.2 * k + 2, 1.2 * k + 1.5))
+    norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+    ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+    for i in range(k):
+        for j in range(k):
+            ax.text(j, i, str(cm[i, j]), ha="center", va="center",
+                    color="white" if norm[i, j] > 0.5 else "black")
+    ax.set_xticks(range(k), rep["classes"], rotation=45, ha="right")
+    ax.set_yticks(range(k), rep["classes"])
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(f"accuracy {rep['accuracy']:.4f} (n = {rep['n']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# -- plots of a run ------------------------------------------------------------
+
+def plot_run(run_dir, out_dir=None):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        raise TrainedModelError(f"{path} missing: not a run directory")
+    recs = []
+    for line in open(path):
+        try:
+            recs.append(json.loads(line))
+        except ValueError:
+            break
+    if not recs:
+        raise TrainedModelError(f"{path} is empty: the run did not finish a block")
+    out_dir = out_dir or os.path.join(run_dir, "plots")
+    os.makedirs(out_dir, exist_ok=True)
+    bpp = max(r["block_in_pass"] for r in recs) + 1
+    x = np.array([(r["block"] + 1) / bpp for r in recs])
+    algo, n = recs[0]["algorithm"], recs[0]["N"]
+    files = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [r["train_loss"] for r in recs], label="train loss (block mean)")
+    ev = [(xx, r) for xx, r in zip(x, recs) if "val_acc" in r]
+    ax.set_xlabel("pass")
+    ax.set_ylabel("cross-entropy")
+    ax2 = ax.twinx()
+    if ev:
+        ax2.plot([e[0] for e in ev], [e[1]["val_acc"] for e in ev], "o-", color="C1",
+                 label="validation accuracy")
+        ax2.set_ylabel("validation accuracy")
+        ax2.set_ylim(0, 1)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="center right")
+    ax.set_title(f"{algo}, N = {n}")
+    fig.tight_layout()
+    files.append(os.path.join(out_dir, "loss_accuracy.png"))
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    blocks = [r["block"] for r in recs]
+    ax.semilogy(blocks, [max(r["primal_residual"], 1e-12) for r in recs], label="primal residual")
+    ax.semilogy(blocks, [max(r["dual_residual"], 1e-12) for r in recs], label="dual residual")
+    ax.set_xlabel("block")
+    ax.set_ylabel("residual")
+    ax2 = ax.twinx()
+    ax2.plot(blocks, [r["rho"] for r in recs], "--", color="C2", label="rho")
+    ax2.set_ylabel("rho")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper right")
+    ax.set_title(f"ADMM residuals and rho ({algo}, N = {n})")
+    fig.tight_layout()
+    files.append(os.path.join(out_dir, "residuals.png"))
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    comp = np.array([r["compute_max_s"] for r in recs])
+    wait = np.array([r["data_wait_max_s"] for r in recs])
+    comm = np.array([r["comm_s"] for r in recs])
+    ax.stackplot(blocks, comp, wait, comm,
+                 labels=["compute (slowest worker)", "data wait (slowest)",
+                         "communication + imbalance"])
+    ax.set_xlabel("block")
+    ax.set_ylabel("seconds")
+    ax.legend(loc="upper right")
+    ax.set_title(f"time per block ({algo}, N = {n})")
+    fig.tight_layout()
+    files.append(os.path.join(out_dir, "time_breakdown.png"))
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+    return files

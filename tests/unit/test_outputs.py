@@ -1,0 +1,143 @@
+"""evaluate / predict / export / plot on a model trained by the trainer;
+ONNX checked with onnxruntime against our forward; MPI evaluation equal to
+one process; clear errors for missing, incompatible and mismatched inputs."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ibtmpi.cli import main
+from ibtmpi.config import load
+from ibtmpi.dataset import Dataset
+from ibtmpi.outputs import TrainedModelError, load_trained
+from ibtmpi.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def run_dir(small_dataset, tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("trained") / "run")
+    cfg = load(None, [f"data.path={small_dataset}", "algorithm.name=admm",
+                      "data.split_size=40", "data.batch=16", "model.layers=tiny",
+                      "run.passes=2", "run.quiet=true", f"run.dir={d}",
+                      "run.simulate=2", "run.threads=1"])
+    Trainer(cfg, log=lambda m: None).run()
+    return d
+
+
+def test_evaluate_matches_the_trainer_and_writes_reports(run_dir, small_dataset, tmp_path, capsys):
+    out = tmp_path / "ev"
+    assert main(["evaluate", run_dir, "--data", small_dataset, "--out", str(out)]) == 0
+    rep = json.load(open(out / "report.json"))
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert rep["accuracy"] == pytest.approx(summary["test_acc"], abs=1e-12)
+    cm = np.array(rep["confusion"])
+    assert cm.sum() == rep["n"] == 60
+    for i, c in enumerate(rep["classes"]):
+        pc = rep["per_class"][c]
+        assert pc["support"] == cm[i].sum()
+        if cm[:, i].sum():
+            assert pc["precision"] == pytest.approx(cm[i, i] / cm[:, i].sum())
+    assert (out / "confusion.png").stat().st_size > 1000
+    assert "confusion matrix" in capsys.readouterr().out
+
+
+def test_evaluate_under_mpi_is_identical(run_dir, small_dataset, tmp_path):
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    for n, out in ((1, tmp_path / "a"), (3, tmp_path / "b")):
+        r = subprocess.run([mpiexec, "-n", str(n), sys.executable, "-m", "ibtmpi",
+                            "evaluate", run_dir, "--data", small_dataset, "--split", "train",
+                            "--out", str(out)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    a, b = json.load(open(tmp_path / "a" / "report.json")), json.load(open(tmp_path / "b" / "report.json"))
+    assert a["confusion"] == b["confusion"] and b["ranks"] == 3
+
+
+def test_onnx_export_matches_our_forward(run_dir, small_dataset, tmp_path):
+    import onnxruntime as ort
+    path = str(tmp_path / "m.onnx")
+    assert main(["export", run_dir, "--onnx", path]) == 0
+    tm = load_trained(run_dir)
+    x = Dataset(small_dataset).split("test").read_all()[:32]
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    probs, = sess.run(["probs"], {"image": x.transpose(0, 3, 1, 2).astype(np.float32)})
+    ours = tm.probs(x)
+    err = float(np.abs(probs - ours).max())
+    assert err <= 1e-4, err
+    print(f"ONNX vs ours: max abs diff {err:.2e} on {len(x)} images")
+
+
+def test_predict_uses_training_preprocessing(run_dir, small_dataset, tmp_path, capsys):
+    ds = Dataset(small_dataset)
+    x = ds.split("test").read_all()[:5]
+    d = tmp_path / "imgs"
+    d.mkdir()
+    for i, im in enumerate(x):
+        Image.fromarray(im).save(d / f"{i}.png")
+    Image.fromarray(x[0][:, :, 0], "L").save(d / "grey.png")        # converted to RGB
+    (d / "broken.jpg").write_bytes(b"not an image")
+    out = tmp_path / "p.json"
+    assert main(["predict", run_dir, str(d), "--format", "json", "--out", str(out)]) == 0
+    res = json.load(open(out))
+    assert [e["file"].endswith("broken.jpg") for e in res["errors"]] == [True]
+    got = {os.path.basename(r["file"]): r for r in res["predictions"]}
+    tm = load_trained(run_dir)
+    ref = tm.probs(x)
+    for i in range(5):
+        p = np.array([got[f"{i}.png"][f"p_{c}"] for c in tm.classes])
+        np.testing.assert_allclose(p, ref[i], atol=1e-6)
+        assert got[f"{i}.png"]["class"] == tm.classes[int(ref[i].argmax())]
+    assert "cannot read" in capsys.readouterr().err
+    # csv on stdout
+    assert main(["predict", run_dir, str(d / "0.png")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("file,class,p_") and len(lines) == 2
+
+
+def test_predict_none_readable_is_exit_2(run_dir, tmp_path):
+    (tmp_path / "x.jpg").write_bytes(b"nope")
+    assert main(["predict", run_dir, str(tmp_path / "x.jpg")]) == 2
+
+
+def test_plot_writes_pngs(run_dir, tmp_path, capsys):
+    assert main(["plot", run_dir, "--out", str(tmp_path / "pl")]) == 0
+    for f in ("loss_accuracy.png", "residuals.png", "time_breakdown.png"):
+        assert (tmp_path / "pl" / f).stat().st_size > 2000
+
+
+def test_checkpoint_directory_loads_like_the_model(run_dir):
+    from ibtmpi import checkpoint as ckpt
+    last = ckpt.complete(run_dir)[-1]
+    a = load_trained(run_dir)
+    b = load_trained(ckpt.ckpt_dir(run_dir, last))
+    np.testing.assert_array_equal(a.model.params, b.model.params)
+
+
+def test_errors(run_dir, small_dataset, tmp_path, capsys):
+    assert main(["evaluate", str(tmp_path / "none"), "--data", small_dataset]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    # incompatible: a model file whose parameters do not fit its layers
+    bad = tmp_path / "bad.npz"
+    with np.load(os.path.join(run_dir, "model.npz"), allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    arrays["z"] = arrays["z"][:-7]
+    np.savez(bad, **arrays)
+    assert main(["export", str(bad), "--onnx", str(tmp_path / "x.onnx")]) == 2
+    assert "is float32[" in capsys.readouterr().err
+    with pytest.raises(TrainedModelError, match="not an ibtmpi model"):
+        np.savez(tmp_path / "other.npz", a=np.zeros(3))
+        load_trained(str(tmp_path / "other.npz"))
+    # a dataset with other classes / other image size
+    from ibtmpi.data_prep.prep import prep_synth
+    other = str(tmp_path / "other")
+    prep_synth(other, n=100, size=16, classes=("lake", "road", "land"), quiet=True)
+    assert main(["evaluate", run_dir, "--data", other]) == 2
+    assert "was trained on" in capsys.readouterr().err
+    big = str(tmp_path / "big")
+    prep_synth(big, n=100, size=24, quiet=True)
+    assert main(["evaluate", run_dir, "--data", big]) == 2
+    assert "the model takes (16, 16, 3)" in capsys.readouterr().err

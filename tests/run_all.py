@@ -83,10 +83,38 @@ def smoke(tmp):
     return ok, int(ok), int(not ok), 0
 
 
+def slurm_stage(force):
+    """A real one-node Slurm (tests/slurm/ci_slurm.sh): in CI (CI=true) or
+    with --slurm; it needs root to install and start the daemons."""
+    if not (force or os.environ.get("CI")):
+        print("\n=== slurm: skipped (runs in CI, or with --slurm)", flush=True)
+        return True, 0, 0, 1
+    if os.geteuid() != 0:
+        print("\n=== slurm: skipped (needs root to start slurmctld/slurmd)", flush=True)
+        return True, 0, 0, 1
+    print("\n=== slurm: tests/slurm/ci_slurm.sh", flush=True)
+    venv = os.path.dirname(BIN)
+    try:
+        out = subprocess.run(["bash", "tests/slurm/ci_slurm.sh", venv], cwd=ROOT,
+                             capture_output=True, text=True, timeout=600)
+        text, rc = out.stdout + out.stderr, out.returncode
+    except subprocess.TimeoutExpired as e:
+        text, rc = (e.stdout or "") if isinstance(e.stdout, str) else "", 124
+    print(text, end="")
+    import re
+    m = re.search(r"slurm: (\d+) passed, (\d+) failed", text)
+    p = int(m.group(1)) if m else 0
+    ok = rc == 0 and p > 0
+    print(f"=== slurm: {'ok' if ok else 'FAILED'}: {p} passed, {0 if ok else 1} failed",
+          flush=True)
+    return ok, p, 0 if ok else 1, 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-k", help="pytest -k expression for every stage")
     ap.add_argument("--no-mpi", action="store_true")
+    ap.add_argument("--slurm", action="store_true", help="run the Slurm stage outside CI")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="ibtmpi-tests-")
     extra = ["-k", args.k] if args.k else []
@@ -102,6 +130,7 @@ def main():
                 f"mpi{n}.rank0.xml"))
     results = [run_stage(name, cmd, xml, tmp) for name, cmd, xml in stages]
     results.append(smoke(tmp))
+    results.append(slurm_stage(args.slurm))
     shutil.rmtree(tmp, ignore_errors=True)
     ok = all(r[0] for r in results)
     p = sum(r[1] for r in results)

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# A real one-node Slurm on localhost (Debian's slurm-wlm, no systemd, no
+# cgroups): submit slurm/cpu.sbatch, assert on its output and metrics; then
+# preempt a job with `scancel --signal=USR1` and check it checkpointed,
+# requeued itself (exit 75) and resumed. Stops the daemons at the end.
+# Needs root. Usage: bash tests/slurm/ci_slurm.sh [VENV]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+VENV=$(cd "${1:-$ROOT/.venv}" && pwd)
+say() { echo "[slurm-ci] $*"; }
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+    say "installing slurm-wlm and munge"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+fi
+T=$(mktemp -d /tmp/ibtmpi-slurm.XXXXXX)
+chmod 755 "$T"
+export SLURM_CONF=$T/slurm.conf
+cleanup() {
+    scontrol shutdown >/dev/null 2>&1 || true
+    sleep 1
+    pkill -f "slurmctld" >/dev/null 2>&1 || true
+    pkill -f "slurmd" >/dev/null 2>&1 || true
+    [ -f "$T/munged.pid" ] && kill "$(cat "$T/munged.pid")" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# munge: own run dir and key, started as the munge user
+mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
+chown munge:munge /run/munge /var/log/munge /var/lib/munge
+if [ ! -s /etc/munge/munge.key ]; then
+    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+fi
+chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
+if ! pgrep -x munged >/dev/null; then
+    runuser -u munge -- munged --pid-file="$T/munged.pid" 2>/dev/null || \
+        runuser -u munge -- munged
+fi
+
+HOST=$(hostname -s)
+CPUS=$(nproc)
+mkdir -p "$T/state" "$T/spool"
+cat > "$SLURM_CONF" <<CONF
+ClusterName=ibtmpici
+SlurmctldHost=$HOST
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$T/state
+SlurmdSpoolDir=$T/spool
+SlurmctldPidFile=$T/slurmctld.pid
+SlurmdPidFile=$T/slurmd.pid
+SlurmctldLogFile=$T/slurmctld.log
+SlurmdLogFile=$T/slurmd.log
+MailProg=/bin/true
+MpiDefault=none
+JobRequeue=1
+KillWait=10
+NodeName=$HOST Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 State=UNKNOWN
+PartitionName=ci Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+CONF
+slurmctld
+slurmd
+for i in $(seq 1 60); do
+    sinfo -h -o %T 2>/dev/null | grep -q idle && break
+    sleep 1
+done
+sinfo
+say "cluster up ($CPUS CPUs on $HOST)"
+
+WORK=$T/work
+mkdir -p "$WORK"
+cd "$WORK"
+"$VENV/bin/ibtmpi" prep synth data --n 1200 --size 16 --shards 2 --quiet
+cat > run.toml <<CONF
+[data]
+path = "$WORK/data"
+split_size = 40
+batch = 16
+[model]
+layers = "tiny"
+[algorithm]
+name = "admm"
+[run]
+dir = "$WORK/run1"
+passes = 2
+threads = 1
+CONF
+
+wait_job() {   # wait until the job leaves the queue; print its final state
+    local id=$1
+    for i in $(seq 1 300); do
+        squeue -h -j "$id" 2>/dev/null | grep -q . || break
+        sleep 1
+    done
+    sacct -n -X -j "$id" -o State 2>/dev/null | head -1 | tr -d ' ' || true
+}
+
+# 1) the CPU template: 3 ranks (master + 2 workers), overcommitted on 2 CPUs
+say "submitting slurm/cpu.sbatch"
+id=$(sbatch --parsable --overcommit --export=ALL,IBTMPI_VENV=$VENV \
+     "$ROOT/slurm/cpu.sbatch" run.toml)
+wait_job "$id" >/dev/null
+cat "ibtmpi-$id.out"
+grep -q "final test accuracy" "ibtmpi-$id.out" || { say "FAIL: no final accuracy line"; exit 1; }
+lines=$(wc -l < run1/metrics.jsonl)
+[ "$lines" -ge 2 ] || { say "FAIL: metrics.jsonl has $lines lines"; exit 1; }
+grep -q '"world_size": 3' run1/summary.json || { say "FAIL: not 3 ranks"; exit 1; }
+say "ok: template ran with 3 ranks, $lines metrics lines"
+
+# 2) preemption: SIGUSR1 to the job steps -> checkpoint, exit 75, requeue, resume
+sed -e "s#run1#run2#" -e "s#passes = 2#passes = 300#" run.toml > long.toml
+say "submitting a long job to preempt"
+id=$(sbatch --parsable --overcommit --export=ALL,IBTMPI_VENV=$VENV \
+     "$ROOT/slurm/cpu.sbatch" long.toml --set run.checkpoint_every=1000)
+for i in $(seq 1 120); do
+    [ -f run2/metrics.jsonl ] && [ "$(wc -l < run2/metrics.jsonl)" -ge 3 ] && break
+    sleep 1
+done
+scancel --signal=USR1 "$id"
+say "sent SIGUSR1 to job $id"
+for i in $(seq 1 120); do
+    grep -q "requeueing job" "ibtmpi-$id.out" 2>/dev/null && break
+    sleep 1
+done
+# Slurm holds a requeued job until a BeginTime about two minutes ahead; CI
+# does not wait for it.
+for i in $(seq 1 30); do
+    squeue -h -j "$id" -o %r 2>/dev/null | grep -q BeginTime && \
+        scontrol update JobId="$id" StartTime=now >/dev/null 2>&1 && break
+    sleep 1
+done
+for i in $(seq 1 120); do
+    grep -q "resuming from" "ibtmpi-$id.out" 2>/dev/null && break
+    sleep 1
+done
+grep -q "exit status 75" "ibtmpi-$id.out" || { cat "ibtmpi-$id.out"; say "FAIL: no exit 75"; exit 1; }
+grep -q "requeueing job $id" "ibtmpi-$id.out" || { say "FAIL: not requeued"; exit 1; }
+grep -q "resuming from" "ibtmpi-$id.out" || { cat "ibtmpi-$id.out"; say "FAIL: requeued job did not resume"; exit 1; }
+ls run2/checkpoints
+scancel "$id" || true
+say "ok: preempted job checkpointed, requeued itself and resumed"
+say "slurm: 2 passed, 0 failed"

@@ -3,8 +3,10 @@
 
 Stages: tests/unit with pytest; tests/mpi under `mpiexec -n 2`, `-n 3`, `-n 4`
 (--with-mpi); a smoke run of the installed `ibtmpi` command from a
-directory outside the repository. Run it with the venv's python:
-    .venv/bin/python tests/run_all.py [-k EXPR] [--no-mpi]
+directory outside the repository; in CI (CI=true) or with --slurm, as root,
+a real one-node Slurm running slurm/cpu.sbatch (tests/slurm/ci_slurm.sh).
+Run it with the venv's python:
+    .venv/bin/python tests/run_all.py [-k EXPR] [--no-mpi] [--slurm]
 A stage fails when pytest fails, when it ran no test (pytest's exit 5 is a
 failure here), or when the smoke output lacks its expected line. The last
 line is the total, e.g. 'total: 95 passed, 0 failed, 2 skipped'.

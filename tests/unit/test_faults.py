@@ -193,3 +193,21 @@ def test_resume_from_other_config_exits_2_and_overwrites_nothing(small_dataset, 
     assert rc == 2
     assert "written by another configuration" in capsys.readouterr().err
     assert {f: open(run / f, "rb").read() for f in before} == before
+
+
+@pytest.mark.parametrize("algo", ["ibt", "easgd"])
+def test_mpi_run_killed_and_resumed_equals_uninterrupted(small_dataset, tmp_path, algo):
+    import numpy as np
+    sets = lambda d: base_sets(small_dataset, str(d), passes=2,
+                               **{"algorithm.name": algo, "run.checkpoint_every": 2})
+    rc, out, err, _ = launch(sets(tmp_path / "a"))
+    assert rc == 0, err
+    rc, out, err, _ = launch(sets(tmp_path / "b"), {"IBTMPI_FAULT": "1:6:compute"})
+    assert rc != 0 and "InjectedFault" in err
+    assert ckpt.complete(str(tmp_path / "b"))[-1] == 3
+    rc, out, err, _ = launch(sets(tmp_path / "b"))
+    assert rc == 0, err
+    assert "resuming from" in out
+    za = np.load(tmp_path / "a" / "model.npz", allow_pickle=False)["z"]
+    zb = np.load(tmp_path / "b" / "model.npz", allow_pickle=False)["z"]
+    assert za.tobytes() == zb.tobytes()

@@ -1,0 +1,219 @@
+#!/usr/bin/env python
+"""Speedup in time per data pass vs N: measured here, modelled beyond.
+
+Model (one block = every worker trains its split, then ONE Allreduce of the
+packed buffer of P floats among N+1 ranks):
+
+    T_pass(N) = blocks(N) * ( split(N) * t_sample + T_ar(N + 1, 4P bytes) )
+    T_ar(p, n) = 2*ceil(log2 p)*alpha + 2*(p-1)/p * n * beta      (Rabenseifner)
+
+t_sample: measured training-step time per sample of the reference CNN
+(CPU here; a stated GPU figure for the GPU scenario). alpha, beta: fitted
+to an Allreduce sweep measured on this machine (`mpiexec -n 2` and `-n 3`),
+and stated for clusters (100 Gb/s InfiniBand, NVLink). The model is
+validated against the real MPI runs it can be compared with (time per pass
+of finished runs given with --runs), printing the error. In the paper's
+fixed-block setting the block is fixed and split = block / N, so compute
+per block shrinks as 1/N while the Allreduce grows slowly with N.
+
+Usage:
+  mpiexec -n 3 python benchmarks/bench_scaling.py sweep --out runs/scaling/ar.json
+  python benchmarks/bench_scaling.py model --sweep runs/scaling/ar.json \\
+      [--runs runs/bench/t1-*] [--image-size 64]
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+CLUSTERS = {
+    # stated, not measured: latency per message step, seconds per byte
+    "ib100": {"alpha": 2.0e-6, "beta": 1 / 12.5e9,
+              "what": "100 Gb/s InfiniBand, 2 us latency"},
+    "nvlink": {"alpha": 5.0e-6, "beta": 1 / 150e9,
+               "what": "NVLink inside one node, 150 GB/s, 5 us per step"},
+}
+
+
+def cmd_sweep(a):
+    from mpi4py import MPI
+    w = MPI.COMM_WORLD
+    res = []
+    for n in [2 ** k for k in range(8, 26, 2)]:            # 1 KiB .. 128 MiB
+        x = np.ones(n // 4, np.float32)
+        y = np.empty_like(x)
+        times = []
+        for r in range(a.reps + 2):
+            w.Barrier()
+            t0 = time.perf_counter()
+            w.Allreduce(x, y, op=MPI.SUM)
+            dt = w.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if r >= 2:
+                times.append(dt)
+        res.append({"bytes": n, "seconds": statistics.median(times)})
+    if w.Get_rank() == 0:
+        out = {"ranks": w.Get_size(), "mpi": MPI.Get_library_version().splitlines()[0],
+               "points": res}
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        prev = json.load(open(a.out)) if os.path.exists(a.out) else {"sweeps": []}
+        prev["sweeps"] = [s for s in prev["sweeps"] if s["ranks"] != out["ranks"]] + [out]
+        json.dump(prev, open(a.out, "w"), indent=1)
+        for p in res:
+            print(f"p={w.Get_size()} {p['bytes']:>10d} B  {p['seconds'] * 1e6:10.1f} us")
+
+
+def t_ar(p, nbytes, alpha, beta):
+    if p <= 1:
+        return 0.0
+    return 2 * math.ceil(math.log2(p)) * alpha + 2 * (p - 1) / p * nbytes * beta
+
+
+def fit(sweeps):
+    """Least-squares alpha, beta over every measured (p, bytes, seconds)."""
+    rows, ys = [], []
+    for s in sweeps:
+        p = s["ranks"]
+        for pt in s["points"]:
+            rows.append([2 * math.ceil(math.log2(p)), 2 * (p - 1) / p * pt["bytes"]])
+            ys.append(pt["seconds"])
+    A, y = np.array(rows), np.array(ys)
+    # relative least squares (weights 1/y): small messages count as much as big
+    w = 1 / y
+    (alpha, beta), *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
+    pred = A @ [alpha, beta]
+    return float(alpha), float(beta), float(np.median(np.abs(pred - y) / y))
+
+
+def t_sample_cpu(size, batch=64, steps=6):
+    from threadpoolctl import threadpool_limits
+    from ibtmpi.model import Model
+    from ibtmpi.optim import SGD
+    threadpool_limits(1)
+    m = Model("reference", (3, size, size), 5)
+    opt = SGD(m.params, lr=1e-4)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 3, size, size), dtype=np.float32)
+    y = rng.integers(0, 5, batch)
+    ts = []
+    for i in range(steps + 2):
+        t0 = time.perf_counter()
+        m.loss_and_grad(x, y)
+        opt.step(m.grads)
+        if i >= 2:
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) / batch, m.size
+
+
+def t_update_cpu(P, reps=5):
+    """Seconds of one ibt consensus update of P floats on this CPU."""
+    from ibtmpi.consensus import Consensus
+    c = Consensus("ibt", np.zeros(P, np.float32), 4, {})
+    S = np.ones(P, np.float32)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        c.update(S, 0.0)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def pass_time(n_train, n_workers, split, t_s, P, alpha, beta, t_upd=0.0):
+    """Model of one pass: blocks x (compute of a split + one Allreduce + the
+    replicated consensus update, all on the critical path)."""
+    per_worker = n_train // n_workers
+    blocks = max(1, per_worker // split)
+    return blocks * (per_worker / blocks * t_s + t_ar(n_workers + 1, 4 * P, alpha, beta)
+                     + t_upd)
+
+
+def cmd_model(a):
+    sw = json.load(open(a.sweep))["sweeps"]
+    alpha, beta, ferr = fit(sw)
+    print(f"Allreduce fit on this machine ({', '.join(str(s['ranks']) for s in sw)} ranks, "
+          f"{sw[0]['mpi']}): alpha = {alpha * 1e6:.1f} us, beta = {1 / beta / 1e9:.2f} GB/s, "
+          f"median fit error {ferr:.0%}")
+    t_s, P = t_sample_cpu(a.image_size)
+    t_upd = t_update_cpu(P)
+    print(f"consensus update (ibt) of P floats: {t_upd * 1e3:.1f} ms on this CPU")
+    print(f"reference CNN {a.image_size}x{a.image_size}: {t_s * 1e3:.2f} ms/sample on 1 CPU "
+          f"core, P = {P:,d} parameters ({4 * P / 2**20:.1f} MiB per Allreduce)")
+    # validation against real runs (their own image size and P)
+    if a.runs:
+        print("\nvalidation against finished runs (wall time per pass):")
+        print("| run | N | measured s/pass | modelled s/pass | error |\n|---|---|---|---|---|")
+        errs = []
+        for d in sorted(set(x for pat in a.runs for x in glob.glob(pat))):
+            sp, cp = os.path.join(d, "summary.json"), os.path.join(d, "config.toml")
+            if not (os.path.exists(sp) and os.path.exists(cp)):
+                continue
+            s = json.load(open(sp))
+            if s.get("simulated") or s.get("diverged"):
+                continue
+            from ibtmpi.config import load
+            from ibtmpi.dataset import Dataset
+            cfg = load(cp)
+            ds = Dataset(cfg["data"]["path"])
+            h = ds.image_shape[0]
+            ts_run, P_run = t_sample_cpu(h)
+            n_train = ds.split("train").n
+            split = cfg["data"]["split_size"] or cfg["data"]["block_size"] // s["N"]
+            lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
+            meas = sum(l["wall_s"] for l in lines) / s["passes"]
+            # workers share this machine's cores: N workers on 2 cores
+            share = max(1.0, s["N"] / os.cpu_count())
+            mod = pass_time(n_train, s["N"], split, ts_run * share, P_run, alpha, beta,
+                            t_update_cpu(P_run) if s["N"] > 1 else 0.0)
+            errs.append(abs(mod - meas) / meas)
+            print(f"| {os.path.basename(d)} | {s['N']} | {meas:.2f} | {mod:.2f} | "
+                  f"{(mod - meas) / meas:+.0%} |")
+        if errs:
+            print(f"median |error| {statistics.median(errs):.0%}")
+    # projections: paper setting, 20,000 training images, fixed block 4,960
+    n_train, block = 20000, 4960
+    # (name, alpha, beta, seconds per sample, consensus update seconds)
+    scen = [("this machine's Allreduce, CPU compute", alpha, beta, t_s, t_upd)]
+    for k, c in CLUSTERS.items():
+        scen.append((f"{c['what']}, CPU compute", c["alpha"], c["beta"], t_s, t_upd))
+        # on a GPU the update is a few vector kernels: ~4 passes over 4P bytes
+        # at a stated 1 TB/s
+        scen.append((f"{c['what']}, GPU compute {a.gpu_ms:g} ms/sample (stated)",
+                     c["alpha"], c["beta"], a.gpu_ms / 1e3, 16 * P / 1e12))
+    ns = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    print(f"\nprojected speedup in time per pass, fixed block {block} (split = block/N), "
+          f"{n_train} training images, P = {P:,d}:")
+    print("| scenario | " + " | ".join(f"N={n}" for n in ns) + " |")
+    print("|---|" + "---|" * len(ns))
+    for name, al, be, ts, tu in scen:
+        base = n_train * ts                  # one worker, no Allreduce at all
+        cells = []
+        for n in ns:
+            sp_ = base / pass_time(n_train, n, block // n, ts, P, al, be, tu) if n > 1 else 1.0
+            cells.append(f"{sp_:.1f}x")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\ntarget: >= 30x at 32 workers (paper: > 28x on 32 GPUs)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("sweep")
+    p.add_argument("--out", default="runs/scaling/allreduce.json")
+    p.add_argument("--reps", type=int, default=7)
+    p = sub.add_parser("model")
+    p.add_argument("--sweep", default="runs/scaling/allreduce.json")
+    p.add_argument("--runs", nargs="*")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--gpu-ms", type=float, default=0.25,
+                   help="stated GPU training time per sample (ms) for the GPU scenario")
+    a = ap.parse_args()
+    return cmd_sweep(a) if a.cmd == "sweep" else cmd_model(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

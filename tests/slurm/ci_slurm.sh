@@ -21,7 +21,7 @@ cleanup() {
     sleep 1
     pkill -f "slurmctld" >/dev/null 2>&1 || true
     pkill -f "slurmd" >/dev/null 2>&1 || true
-    [ -f "$T/munged.pid" ] && kill "$(cat "$T/munged.pid")" >/dev/null 2>&1 || true
+    if [ "${STARTED_MUNGE:-0}" = 1 ]; then pkill -x munged >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 
@@ -32,9 +32,10 @@ if [ ! -s /etc/munge/munge.key ]; then
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
 fi
 chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
+STARTED_MUNGE=0
 if ! pgrep -x munged >/dev/null; then
-    runuser -u munge -- munged --pid-file="$T/munged.pid" 2>/dev/null || \
-        runuser -u munge -- munged
+    runuser -u munge -- munged
+    STARTED_MUNGE=1
 fi
 
 HOST=$(hostname -s)

@@ -6,17 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ibtmpi.cli import _positive_int as _pos_int
+
 from . import synth
-
-
-def _pos_int(t):
-    try:
-        v = int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {t!r}")
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
 
 
 def _prob(t):

@@ -22,6 +22,7 @@ import numpy as np
 
 from ibtmpi import __version__
 from ibtmpi.dataset import FORMAT, VERSION
+from ibtmpi.fsutil import fsync_dir, fsync_path
 
 
 class WriteError(Exception):
@@ -136,7 +137,7 @@ class DatasetWriter:
                 per_class += np.bincount(f["labels"][:], minlength=len(self.classes))
                 f.flush()
                 f.close()
-                _fsync(os.path.join(self.tmp, name))
+                fsync_path(os.path.join(self.tmp, name))
             splits[split] = {"files": [x[0] for x in fl],
                              "counts": [x[3] for x in fl],
                              "n": self.counts[split],
@@ -159,7 +160,7 @@ class DatasetWriter:
             old = f"{self.tmp}.old"
             os.rename(self.out, old)
         os.rename(self.tmp, self.out)
-        _fsync_dir(os.path.dirname(self.out))
+        fsync_dir(os.path.dirname(self.out))
         if old:
             shutil.rmtree(old, ignore_errors=True)
         return meta
@@ -171,21 +172,6 @@ class DatasetWriter:
         if et is not None:
             self.abort()
         return False
-
-
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path):
-    try:
-        _fsync(path)
-    except OSError:
-        pass
 
 
 def stratified_assign(labels, ratios, seed):

@@ -29,6 +29,8 @@ import zipfile
 
 import numpy as np
 
+from .fsutil import fsync_dir
+
 FORMAT = "ibtmpi-checkpoint"
 VERSION = 1
 
@@ -43,14 +45,6 @@ def ckpt_dir(run_dir, block):
 
 def rank_file(rank):
     return f"rank-{rank:05d}.npz"
-
-
-def _fsync_path(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_rank(run_dir, block, rank, arrays):
@@ -76,10 +70,7 @@ def write_manifest(run_dir, block, meta, keep=2):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(d, "manifest.json"))
-    try:
-        _fsync_path(d)
-    except OSError:
-        pass
+    fsync_dir(d)
     prune(run_dir, keep)
 
 

@@ -187,6 +187,13 @@ def confusion_png(rep, path):
 
 # -- plots of a run ------------------------------------------------------------
 
+def _twin_legend(ax, ax2, loc):
+    """One legend for a plot with a second y axis."""
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc=loc)
+
+
 def plot_run(run_dir, out_dir=None):
     import matplotlib
     matplotlib.use("Agg")
@@ -220,9 +227,7 @@ def plot_run(run_dir, out_dir=None):
                  label="validation accuracy")
         ax2.set_ylabel("validation accuracy")
         ax2.set_ylim(0, 1)
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="center right")
+    _twin_legend(ax, ax2, "center right")
     ax.set_title(f"{algo}, N = {n}")
     fig.tight_layout()
     files.append(os.path.join(out_dir, "loss_accuracy.png"))
@@ -238,9 +243,7 @@ def plot_run(run_dir, out_dir=None):
     ax2 = ax.twinx()
     ax2.plot(blocks, [r["rho"] for r in recs], "--", color="C2", label="rho")
     ax2.set_ylabel("rho")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="upper right")
+    _twin_legend(ax, ax2, "upper right")
     ax.set_title(f"ADMM residuals and rho ({algo}, N = {n})")
     fig.tight_layout()
     files.append(os.path.join(out_dir, "residuals.png"))

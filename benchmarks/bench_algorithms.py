@@ -139,6 +139,11 @@ def report(res, ns, algos, fns, a):
             out.append(f"| {key} | {s['mode']} | diverged | | | | |")
             continue
         p = s["passes"]
+        if s["mode"] == "sim":       # one process computes every worker
+            out.append(f"| {key} | sim | {s['allreduce_calls'] / p:.0f} | "
+                       f"{s['allreduce_bytes'] / p / 2**20:.1f} | n/a (simulated) | "
+                       f"{s['compute_mean_s']:.3f} | n/a |")
+            continue
         out.append(f"| {key} | {s['mode']} | {s['allreduce_calls'] / p:.0f} | "
                    f"{s['allreduce_bytes'] / p / 2**20:.1f} | "
                    f"{s['rank0_cpu_share']:.1%} / {s.get('rank0_other_cpu_share', 0):.1%} | "

@@ -48,7 +48,7 @@ DEFAULTS = {
         "rho_tau": 2.0,
         "over_relaxation": 1.0,  # alpha in [1, 1.8] (admm, ibt)
         "dual_reset": False,     # zero the duals at every block
-        "block_momentum": -1.0,  # eta; < 0 means 1 - 1/N (bmuf, ibt)
+        "block_momentum": 0.25,  # eta (bmuf, ibt); < 0 means CNTK's 1 - 1/N
         "block_lr": 1.0,         # zeta (bmuf, ibt)
         "nesterov": True,        # NBM start point (bmuf); ibt is always Nesterov
         "easgd_beta": 0.9,       # EASGD: alpha = beta / N

@@ -88,7 +88,8 @@ class Consensus:
         self.rho = float(acfg.get("rho", 0.01))
         self.l2 = float(acfg.get("l2", 0.0))
         self.alpha_or = float(acfg.get("over_relaxation", 1.0))
-        eta = float(acfg.get("block_momentum", -1.0))
+        from .config import DEFAULTS
+        eta = float(acfg.get("block_momentum", DEFAULTS["algorithm"]["block_momentum"]))
         self.eta = 1.0 - 1.0 / self.n if eta < 0 else eta
         self.zeta = float(acfg.get("block_lr", 1.0))
         self.nesterov = algo == "ibt" or bool(acfg.get("nesterov", True))

@@ -98,6 +98,29 @@ def build_parser():
     p.add_argument("run_dir")
     p.add_argument("--out", help="output directory (default RUN_DIR/plots)")
 
+    p = sub.add_parser("bench", help="run the algorithm comparison / report on runs",
+                       description="`bench run` trains every algorithm for each N "
+                       "(MPI where the cores allow, simulation beyond) and the "
+                       "fixed-block experiment; `bench report` turns run "
+                       "directories into report.md, report.json and PNG plots.")
+    bsub = p.add_subparsers(dest="bench_cmd", metavar="run|report")
+    b = bsub.add_parser("run")
+    b.add_argument("--data", default="data/bench32",
+                   help="dataset (made with 10,000 synthetic 32x32 images if missing)")
+    b.add_argument("--out", default="runs/bench")
+    b.add_argument("--ns", default="1,2,4,8")
+    b.add_argument("--algos", default="sgd,ssgd,ma,admm,bmuf,ibt,easgd")
+    b.add_argument("--passes", type=_positive_float, default=3.0)
+    b.add_argument("--split", type=_positive_int, default=256)
+    b.add_argument("--batch", type=_positive_int, default=32)
+    b.add_argument("--mpi-max", type=int, help="largest N run as real MPI (default: cores)")
+    b.add_argument("--fixed-block", type=int, default=1240, help="0 skips T2")
+    b.add_argument("--fixed-ns", default="10,20,40")
+    b.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    b = bsub.add_parser("report")
+    b.add_argument("runs", nargs="+", help="run directories")
+    b.add_argument("--out", required=True)
+
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
     p.add_argument("--model", default="reference")
     p.add_argument("--image-size", type=_positive_int, default=64)
@@ -414,6 +437,33 @@ def cmd_plot(args):
     return 0
 
 
+def cmd_bench(args):
+    import os
+    from . import bench
+    if args.bench_cmd == "run":
+        if not os.path.exists(os.path.join(args.data, "dataset.json")):
+            from .data_prep.prep import prep_synth
+            prep_synth(args.data, n=10000, size=32, shards=2, quiet=True)
+        ints = lambda t: tuple(int(x) for x in t.split(",") if x)
+        bench.run(args.out, args.data, ints(args.ns), tuple(args.algos.split(",")),
+                  args.passes, args.split, args.batch, args.mpi_max, args.fixed_block,
+                  ints(args.fixed_ns), tuple(args.set))
+        runs = sorted(os.path.join(args.out, d) for d in os.listdir(args.out)
+                      if d.startswith(("t1-", "t2-")))
+        text, _ = bench.report(runs, os.path.join(args.out, "report"))
+        print(text)
+        return 0
+    if args.bench_cmd == "report":
+        try:
+            text, files = bench.report(args.runs, args.out)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        print(text)
+        print(f"wrote {args.out}/report.md, report.json and {len(files)} plots")
+        return 0
+    raise UsageError("give `bench run` or `bench report`")
+
+
 def cmd_prep(args):
     from .data_prep.cli import main as prep_main
     return prep_main(args.rest, prog="ibtmpi prep")
@@ -421,7 +471,7 @@ def cmd_prep(args):
 
 COMMANDS = {"info": cmd_info, "demo": cmd_demo, "prep": cmd_prep,
             "train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict,
-            "export": cmd_export, "plot": cmd_plot}
+            "export": cmd_export, "plot": cmd_plot, "bench": cmd_bench}
 
 
 def main(argv=None):

@@ -1,0 +1,308 @@
+"""``ibtmpi bench``: run the comparison experiments and report on them.
+
+``run`` trains every algorithm for N in a list (real ``mpiexec -n N+1``
+where the machine has the cores, ``--simulate N`` beyond; the tests show
+both give the same z to 1e-6) plus the paper's fixed-block experiment
+(block fixed, split = block / N), each into its own run directory.
+``report`` collects finished run directories (from ``run``, from
+slurm/sweep.sh, or anything else) into ``report.md``, ``report.json`` and
+PNG plots:
+  T1 test accuracy vs N per algorithm; T2 fixed block; T3 time per pass
+  and speedup vs N = 1 (wall, and critical path = slowest worker's compute
+  + data wait), Allreduce calls/bytes per pass, rank 0 CPU; Horovod-style
+  images/s per worker, mean +- 1.96 sigma after 2 warm-up blocks;
+  T4 validation accuracy vs pass; T5 residuals and rho; T6 time breakdown;
+  the targets, and the machine, MPI library, git commit and configs.
+Test: tests/unit/test_bench.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ALGOS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
+
+
+# -- run ---------------------------------------------------------------------
+
+def _mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+def run_one(out_dir, name, data, algo, n, sets, mpi, log=print):
+    d = os.path.join(out_dir, name)
+    shutil.rmtree(d, ignore_errors=True)
+    base = [sys.executable, "-m", "ibtmpi", "train", "--quiet",
+            "--set", f"data.path={data}", "--set", f"algorithm.name={algo}",
+            "--set", f"run.dir={d}", "--set", "run.resume=never"]
+    for s in sets:
+        base += ["--set", s]
+    if n > 1 and mpi:
+        cmd = [_mpiexec(), "-n", str(n + 1)] + base
+    elif n > 1:
+        cmd = base + ["--simulate", str(n)]
+    else:
+        cmd = base
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode == 4:
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "diverged.json"), "w") as f:
+            json.dump({"algorithm": algo, "N": n, "message": r.stdout.strip()[-500:]}, f)
+        log(f"  {name}: diverged")
+        return
+    if r.returncode:
+        raise RuntimeError(f"run {name} failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
+    s = json.load(open(os.path.join(d, "summary.json")))
+    log(f"  {name}: test accuracy {s.get('test_acc', float('nan')):.4f} "
+        f"({'mpi' if mpi and n > 1 else 'sim' if n > 1 else '1 process'}, "
+        f"{time.time() - t0:.0f} s)")
+
+
+def run(out_dir, data, ns=(1, 2, 4, 8), algos=ALGOS, passes=3.0, split=256, batch=32,
+        mpi_max=None, fixed_block=1240, fixed_ns=(10, 20, 40), extra=(), log=print):
+    mpi_max = (os.cpu_count() or 1) if mpi_max is None else mpi_max
+    common = [f"run.passes={passes}", f"data.batch={batch}", *extra]
+    log("T1: every algorithm vs N")
+    for algo in algos:
+        for n in ns:
+            if (algo == "sgd") != (n == 1):
+                continue
+            run_one(out_dir, f"t1-{algo}-{n}", data, algo, n,
+                    common + [f"data.split_size={split}"], n <= mpi_max, log)
+    if fixed_block:
+        log(f"T2: fixed block of {fixed_block} samples, split = block / N")
+        run_one(out_dir, "t2-sgd-1", data, "sgd", 1,
+                common + [f"data.block_size={fixed_block}"], False, log)
+        for algo in ("admm", "ibt"):
+            for n in fixed_ns:
+                run_one(out_dir, f"t2-{algo}-{n}", data, algo, n,
+                        common + [f"data.block_size={fixed_block}"], False, log)
+
+
+# -- report ------------------------------------------------------------------
+
+def load_run(d):
+    """One finished (or diverged) run directory as a record."""
+    from .config import load
+    if os.path.isfile(os.path.join(d, "diverged.json")):
+        r = json.load(open(os.path.join(d, "diverged.json")))
+        return {"dir": d, "name": os.path.basename(d.rstrip("/")), "diverged": True, **r}
+    sp = os.path.join(d, "summary.json")
+    if not os.path.isfile(sp):
+        return None
+    s = json.load(open(sp))
+    cfg = load(os.path.join(d, "config.toml"))
+    lines = []
+    for line in open(os.path.join(d, "metrics.jsonl")):
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            break
+    passes = s["passes"]
+    worker_ips = [l["samples"] / s["N"] / l["wall_s"] for l in lines[2:] if l["wall_s"] > 0]
+    return {
+        "dir": d, "name": os.path.basename(d.rstrip("/")), "diverged": False,
+        "algorithm": s["algorithm"], "N": s["N"], "simulated": s.get("simulated", False),
+        "world_size": s.get("world_size"), "test_acc": s.get("test_acc"),
+        "passes": passes, "block_size": cfg["data"]["block_size"],
+        "split_size": cfg["data"]["split_size"],
+        "wall_per_pass": sum(l["wall_s"] for l in lines) / passes,
+        "critical_per_pass": sum(l["compute_max_s"] + l["data_wait_max_s"]
+                                 for l in lines) / passes,
+        "allreduce_calls_per_pass": s["allreduce_calls"] / passes,
+        "allreduce_mib_per_pass": s["allreduce_bytes"] / passes / 2 ** 20,
+        "rank0_cpu_share": s.get("rank0_cpu_share"),
+        "rank0_other_cpu_share": s.get("rank0_other_cpu_share"),
+        "ips_worker_mean": statistics.mean(worker_ips) if worker_ips else None,
+        "ips_worker_ci": 1.96 * statistics.stdev(worker_ips) if len(worker_ips) > 1 else None,
+        "metrics": lines, "config": cfg,
+    }
+
+
+def machine():
+    info = {"python": sys.version.split()[0], "platform": platform.platform(),
+            "cpus": os.cpu_count(), "processor": platform.processor()}
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["processor"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        from . import comm
+        info["mpi"] = comm.library_version()
+    except Exception as e:             # reporting must not need a working MPI
+        info["mpi"] = f"unknown ({e})"
+    try:
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+    except OSError:
+        info["git_commit"] = None
+    from . import __version__
+    info["ibtmpi"] = __version__
+    return info
+
+
+def _acc(r):
+    if r is None:
+        return "-"
+    if r["diverged"]:
+        return "diverged"
+    return f"{r['test_acc']:.4f}"
+
+
+def report(run_dirs, out_dir, target_pt=0.5):
+    runs = [r for r in (load_run(d) for d in run_dirs) if r is not None]
+    if not runs:
+        raise ValueError("no finished run directories given (each needs summary.json)")
+    os.makedirs(out_dir, exist_ok=True)
+    t1 = [r for r in runs if r["diverged"] or not r["block_size"]]
+    t2 = [r for r in runs if not r["diverged"] and r["block_size"]]
+    t2 += [r for r in runs if r["diverged"] and r["name"].startswith("t2-")]
+    t1 = [r for r in t1 if not r["name"].startswith("t2-")]
+    md = ["# ibtmpi benchmark report", ""]
+    m = machine()
+    md += [f"machine: {m['processor']}, {m['cpus']} CPUs; {m['platform']}; Python "
+           f"{m['python']}; MPI: {m['mpi']}; ibtmpi {m['ibtmpi']}, commit "
+           f"{m['git_commit']}", ""]
+
+    def table(rows, title):
+        ns = sorted({r["N"] for r in rows})
+        algos = [a for a in ALGOS if any(r["algorithm"] == a for r in rows)]
+        out = [f"## {title}", "", "| algorithm | " + " | ".join(f"N={n}" for n in ns) + " |",
+               "|---|" + "---|" * len(ns)]
+        for a in algos:
+            cells = [_acc(next((r for r in rows if r["algorithm"] == a and r["N"] == n), None))
+                     for n in ns]
+            out.append(f"| {a} | " + " | ".join(cells) + " |")
+        return out + [""]
+    md += table(t1, "T1: test accuracy vs N")
+    if t2:
+        md += table(t2, f"T2: fixed block of {t2[0].get('block_size', '?')} samples, "
+                        f"split = block / N")
+    # T3
+    ok = [r for r in t1 if not r["diverged"]]
+    base = next((r for r in ok if r["N"] == 1), None)
+    md += ["## T3: time per pass, throughput, communication", "",
+           "| run | mode | wall s/pass | speedup (wall) | critical-path s/pass | speedup "
+           "(critical path) | worker img/s (mean +- 1.96 sd) | Allreduce calls/pass | "
+           "MiB/pass | rank 0 CPU (outside eval) |", "|---|" + "---|" * 9]
+    for r in sorted(ok, key=lambda r: (r["algorithm"], r["N"])):
+        mode = "sim" if r["simulated"] else ("1 proc" if r["N"] == 1 else "mpi")
+        sp_w = (f"{base['wall_per_pass'] / r['wall_per_pass']:.2f}x"
+                if base and not r["simulated"] else "n/a")
+        sp_c = (f"{base['critical_per_pass'] / r['critical_per_pass']:.2f}x"
+                if base and not r["simulated"] else "n/a")
+        ips = (f"{r['ips_worker_mean']:.0f} +- {r['ips_worker_ci']:.0f}"
+               if r["ips_worker_mean"] and r["ips_worker_ci"] is not None and not r["simulated"]
+               else "n/a")
+        cpu = (f"{r['rank0_cpu_share']:.1%} ({r['rank0_other_cpu_share']:.1%})"
+               if not r["simulated"] and r["rank0_cpu_share"] is not None else "n/a")
+        md.append(f"| {r['name']} | {mode} | {r['wall_per_pass']:.2f} | {sp_w} | "
+                  f"{r['critical_per_pass']:.2f} | {sp_c} | {ips} | "
+                  f"{r['allreduce_calls_per_pass']:.0f} | {r['allreduce_mib_per_pass']:.1f} | "
+                  f"{cpu} |")
+    md += ["", "Simulated runs compute every worker in one process: their times are "
+           "not speedups (n/a); their accuracy equals the MPI run's (tested to 1e-6).", ""]
+    # targets
+    md += ["## Targets", ""]
+    ibt = sorted([r for r in ok if r["algorithm"] == "ibt"], key=lambda r: r["N"])
+    if ibt and base:
+        gap = (base["test_acc"] - ibt[-1]["test_acc"]) * 100
+        md.append(f"- ibt at N = {ibt[-1]['N']} within {target_pt} pt of N = 1: "
+                  f"{'MET' if gap <= target_pt else 'NOT MET'} ({ibt[-1]['test_acc']:.4f} vs "
+                  f"{base['test_acc']:.4f}, {gap:+.2f} pt)")
+    md.append("- projected speedup at 32 workers >= 30x: see benchmarks/bench_scaling.py "
+              "(alpha-beta model calibrated by a measured Allreduce sweep)")
+    files = _plots(ok, out_dir)
+    md += ["", "## Plots", ""] + [f"![{os.path.basename(f)}]({os.path.basename(f)})"
+                                  for f in files]
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(text)
+    slim = [{k: v for k, v in r.items() if k not in ("metrics", "config")} for r in runs]
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump({"machine": m, "runs": slim,
+                   "configs": {r["name"]: r.get("config") for r in runs}}, f, indent=1,
+                  default=str)
+    return text, files
+
+
+def _plots(runs, out_dir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    files = []
+    ns = sorted({r["N"] for r in runs if r["N"] > 1})
+    n_show = ns[len(ns) // 2] if ns else 1
+    sel = [r for r in runs if r["N"] == n_show or r["algorithm"] == "sgd"]
+    # T4 validation accuracy vs pass
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in sel:
+        bpp = max(l["block_in_pass"] for l in r["metrics"]) + 1
+        pts = [((l["block"] + 1) / bpp, l["val_acc"]) for l in r["metrics"] if "val_acc" in l]
+        if pts:
+            ax.plot(*zip(*pts), "o-", label=f"{r['algorithm']} (N={r['N']})")
+    ax.set_xlabel("pass")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(f"T4: validation accuracy vs pass (N = {n_show}, and N = 1)")
+    ax.legend()
+    fig.tight_layout()
+    files.append(os.path.join(out_dir, "t4_val_accuracy.png"))
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+    # T5 residuals and rho
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in sel:
+        if r["algorithm"] not in ("admm", "ibt"):
+            continue
+        b = [l["block"] for l in r["metrics"]]
+        axes[0].semilogy(b, [max(l["primal_residual"], 1e-12) for l in r["metrics"]],
+                         label=f"{r['algorithm']} primal")
+        axes[0].semilogy(b, [max(l["dual_residual"], 1e-12) for l in r["metrics"]], "--",
+                         label=f"{r['algorithm']} dual")
+        axes[1].plot(b, [l["rho"] for l in r["metrics"]], label=r["algorithm"])
+    axes[0].set_xlabel("block")
+    axes[0].set_ylabel("residual")
+    axes[0].set_title(f"T5: ADMM residuals (N = {n_show})")
+    axes[0].legend()
+    axes[1].set_xlabel("block")
+    axes[1].set_ylabel("rho")
+    axes[1].set_title("rho per block")
+    axes[1].legend()
+    fig.tight_layout()
+    files.append(os.path.join(out_dir, "t5_residuals_rho.png"))
+    fig.savefig(files[-1], dpi=100)
+    plt.close(fig)
+    # T6 time breakdown (real MPI runs)
+    mpi = [r for r in runs if not r["simulated"] and r["N"] > 1]
+    if mpi:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        names = [r["name"] for r in mpi]
+        comp = [statistics.mean(l["compute_max_s"] for l in r["metrics"]) for r in mpi]
+        wait = [statistics.mean(l["data_wait_max_s"] for l in r["metrics"]) for r in mpi]
+        comm = [statistics.mean(l["comm_s"] for l in r["metrics"]) for r in mpi]
+        ax.bar(names, comp, label="compute (slowest worker)")
+        ax.bar(names, wait, bottom=comp, label="data wait")
+        ax.bar(names, comm, bottom=[c + w for c, w in zip(comp, wait)],
+               label="communication + imbalance")
+        ax.set_ylabel("seconds per block (mean)")
+        ax.set_title("T6: time per block, real MPI runs")
+        ax.legend()
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+        fig.tight_layout()
+        files.append(os.path.join(out_dir, "t6_time_breakdown.png"))
+        fig.savefig(files[-1], dpi=100)
+        plt.close(fig)
+    return files

@@ -42,30 +42,16 @@ CLUSTERS = {
 
 
 def cmd_sweep(a):
-    from mpi4py import MPI
-    w = MPI.COMM_WORLD
-    res = []
-    for n in [2 ** k for k in range(8, 26, 2)]:            # 1 KiB .. 128 MiB
-        x = np.ones(n // 4, np.float32)
-        y = np.empty_like(x)
-        times = []
-        for r in range(a.reps + 2):
-            w.Barrier()
-            t0 = time.perf_counter()
-            w.Allreduce(x, y, op=MPI.SUM)
-            dt = w.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if r >= 2:
-                times.append(dt)
-        res.append({"bytes": n, "seconds": statistics.median(times)})
-    if w.Get_rank() == 0:
-        out = {"ranks": w.Get_size(), "mpi": MPI.Get_library_version().splitlines()[0],
-               "points": res}
+    from ibtmpi import comm
+    res = comm.allreduce_sweep([2 ** k for k in range(8, 26, 2)], a.reps)   # 256 B .. 32 MiB
+    if comm.world_rank() == 0:
+        out = {"ranks": comm.world_size(), "mpi": comm.library_version(), "points": res}
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         prev = json.load(open(a.out)) if os.path.exists(a.out) else {"sweeps": []}
         prev["sweeps"] = [s for s in prev["sweeps"] if s["ranks"] != out["ranks"]] + [out]
         json.dump(prev, open(a.out, "w"), indent=1)
         for p in res:
-            print(f"p={w.Get_size()} {p['bytes']:>10d} B  {p['seconds'] * 1e6:10.1f} us")
+            print(f"p={out['ranks']} {p['bytes']:>10d} B  {p['seconds'] * 1e6:10.1f} us")
 
 
 def t_ar(p, nbytes, alpha, beta):

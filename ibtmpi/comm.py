@@ -134,3 +134,25 @@ def install_abort_hooks(rank):
 
     sys.excepthook = hook
     threading.excepthook = lambda a: hook(a.exc_type, a.exc_value, a.exc_traceback)
+
+
+def allreduce_sweep(sizes_bytes, reps=7, warmup=2):
+    """Median wall seconds (max over ranks) of a float32 Allreduce per size:
+    the measurements that calibrate the alpha-beta model (bench_scaling)."""
+    import time
+    import numpy as np
+    w = MPI.COMM_WORLD
+    out = []
+    for n in sizes_bytes:
+        x = np.ones(max(1, n // 4), np.float32)
+        y = np.empty_like(x)
+        times = []
+        for r in range(reps + warmup):
+            w.Barrier()
+            t0 = time.perf_counter()
+            w.Allreduce(x, y, op=MPI.SUM)
+            dt = w.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if r >= warmup:
+                times.append(dt)
+        out.append({"bytes": int(n), "seconds": sorted(times)[len(times) // 2]})
+    return out

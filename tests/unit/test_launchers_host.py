@@ -1,0 +1,139 @@
+"""The CuPy launchers of ibtmpi/backend.py, run on the CPU: a minimal CuPy
+stand-in keeps arrays in NumPy and backs RawModule functions with the
+host-emulated kernels (ibtmpi/kernelcheck.py). This checks what the kernel
+tests cannot: each launcher's argument order and types, shapes, grid
+arithmetic and the GEMM/bias composition, against the NumPy reference ops.
+The gpu tests (tests/gpu) repeat the same checks with real CuPy."""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from ibtmpi import consensus, kernelcheck, ops
+from ibtmpi.backend import GpuOps
+from ibtmpi.optim import sgd_update
+
+RNG = np.random.default_rng(17)
+
+
+class _Fn:
+    def __init__(self, mod, name):
+        self.mod, self.name = mod, name
+
+    def __call__(self, grid, block, args):
+        conv = [a if isinstance(a, np.ndarray) else
+                (int(a) if isinstance(a, (np.integer, int)) else float(a)) for a in args]
+        # emulate a bounded grid: grid-stride loops cover the rest
+        getattr(self.mod, self.name)(min(int(grid[0]), 64), min(int(block[0]), 64), *conv)
+
+
+class _RawModule:
+    def __init__(self, code, options=()):
+        d = tempfile.mkdtemp(prefix="ibtmpi-fakecupy-")
+        path = os.path.join(d, "k.cu")
+        with open(path, "w") as f:
+            f.write(code)
+        self.mod = kernelcheck.host_module(path)
+
+    def get_function(self, name):
+        return _Fn(self.mod, name)
+
+
+class FakeCupy:
+    """The subset of CuPy that GpuOps uses, on NumPy."""
+    RawModule = _RawModule
+    int64, uint8, float32 = np.int64, np.uint8, np.float32
+    ascontiguousarray = staticmethod(np.ascontiguousarray)
+    empty, empty_like, zeros = staticmethod(np.empty), staticmethod(np.empty_like), staticmethod(np.zeros)
+    matmul = staticmethod(np.matmul)
+
+    @staticmethod
+    def asarray(x, dtype=None):
+        return np.ascontiguousarray(np.asarray(x, dtype=dtype))
+
+    @staticmethod
+    def asnumpy(x):
+        return np.asarray(x)
+
+
+@pytest.fixture(scope="module")
+def g():
+    return GpuOps(cp=FakeCupy())
+
+
+@pytest.mark.parametrize("geom", [(2, 3, 8, 8, 4, 3, 1, 1), (2, 2, 9, 7, 3, 3, 2, 1)])
+def test_conv_launchers(g, geom):
+    n, c, h, w, f, k, s, p = geom
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = RNG.standard_normal((f, c, k, k)).astype(np.float32)
+    b = RNG.standard_normal(f).astype(np.float32)
+    y, col = g.conv2d_forward(x, wt, b, s, p)
+    ry, rcol = ops.conv2d_forward(x, wt, b, s, p)
+    np.testing.assert_allclose(y, ry, rtol=1e-5, atol=1e-5)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    dw, db = np.zeros_like(wt), np.zeros_like(b)
+    dx = g.conv2d_backward(dy, col, x.shape, wt, s, p, dw, db)
+    rdw, rdb = np.zeros_like(wt), np.zeros_like(b)
+    rdx = ops.conv2d_backward(dy, rcol, x.shape, wt, s, p, rdw, rdb)
+    np.testing.assert_allclose(dx, rdx, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw, rdw, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db, rdb, rtol=1e-5, atol=1e-5)
+
+
+def test_pool_relu_linear_loss_launchers(g):
+    x = RNG.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    y, am = g.maxpool_forward(x, 3, 2)
+    ry, ram = ops.maxpool_forward(x, 3, 2)
+    np.testing.assert_array_equal(y, ry)
+    np.testing.assert_array_equal(am, ram)
+    dy = RNG.standard_normal(y.shape).astype(np.float32)
+    np.testing.assert_allclose(g.maxpool_backward(dy, am, x.shape, 3, 2),
+                               ops.maxpool_backward(dy, ram, x.shape, 3, 2), atol=1e-6)
+    r = g.relu_forward(x)
+    np.testing.assert_array_equal(r, ops.relu_forward(x))
+    np.testing.assert_array_equal(g.relu_backward(x, r), ops.relu_backward(x, r))
+    a = RNG.standard_normal((6, 10)).astype(np.float32)
+    w = RNG.standard_normal((4, 10)).astype(np.float32)
+    b = RNG.standard_normal(4).astype(np.float32)
+    z = g.linear_forward(a, w, b)
+    np.testing.assert_allclose(z, ops.linear_forward(a, w, b), rtol=1e-5, atol=1e-6)
+    labels = np.array([0, 3, 1, 2, 2, 0])
+    loss, probs = g.softmax_xent_forward(z, labels)
+    rl, rp = ops.softmax_xent_forward(ops.linear_forward(a, w, b), labels)
+    assert abs(loss - rl) < 1e-5
+    d = g.softmax_xent_backward(probs, labels)
+    np.testing.assert_allclose(d, ops.softmax_xent_backward(rp, labels), atol=1e-6)
+    dw, db = np.zeros_like(w), np.zeros_like(b)
+    dx = g.linear_backward(d, a, w, dw, db)
+    rdw, rdb = np.zeros_like(w), np.zeros_like(b)
+    rdx = ops.linear_backward(d, a, w, rdw, rdb)
+    for u, v in ((dx, rdx), (dw, rdw), (db, rdb)):
+        np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+
+
+def test_vector_launchers(g):
+    P = 300
+    w0, gr, v0, c, u0, S = (RNG.standard_normal(P).astype(np.float32) for _ in range(6))
+    w, v = w0.copy(), v0.copy()
+    g.sgd_update(w, gr, v, c, u0, 0.05, 0.9, 1e-3, 0.2, 1, 1)
+    rw, rv = w0.copy(), v0.copy()
+    sgd_update(rw, gr, rv, c, u0, 0.05, 0.9, 1e-3, 0.2, True, True)
+    np.testing.assert_allclose(w, rw, rtol=1e-6, atol=1e-7)
+    w = w0.copy()
+    g.sgd_update(w, gr, v0.copy(), None, None, 0.05, 0.9, 1e-3, 0.0, 0, 0)   # no prox
+    rw = w0.copy()
+    sgd_update(rw, gr, v0.copy(), None, None, 0.05, 0.9, 1e-3, 0.0, False, False)
+    np.testing.assert_allclose(w, rw, rtol=1e-6, atol=1e-7)
+    zg, v, z = c.copy(), v0.copy(), np.zeros(P, np.float32)
+    g.block_momentum(S, zg, v, z, 0.25, 0.75, 1.0, True)
+    rzg, rv, rz = c.copy(), v0.copy(), np.zeros(P, np.float32)
+    consensus.block_momentum(S, rzg, rv, rz, 0.25, 0.75, 1.0, True)
+    np.testing.assert_allclose(z, rz, rtol=1e-6, atol=1e-6)
+    out = np.empty(P, np.float32)
+    g.axpby(out, 2.0, w0, -1.0, c)
+    np.testing.assert_allclose(out, 2 * w0 - c, rtol=1e-6, atol=1e-6)
+    u, ru = u0.copy(), u0.copy()
+    g.dual_update(u, w0, c, 0.5)
+    consensus.dual_update(ru, w0, c, 0.5)
+    np.testing.assert_allclose(u, ru, rtol=1e-6, atol=1e-7)

@@ -57,6 +57,15 @@ def worker_device(worker_local_rank, n_visible):
     return worker_local_rank % n_visible
 
 
+def bind_worker_gpu(worker_local_rank):
+    """Make this process use GPU (worker's local rank mod visible devices)."""
+    import cupy
+    n = cupy.cuda.runtime.getDeviceCount()
+    dev = worker_device(worker_local_rank, n)
+    cupy.cuda.Device(dev).use()
+    return dev
+
+
 def _grid(n):
     return (int(min(max(1, (n + BLOCK - 1) // BLOCK), 65535 * 8)),)
 
@@ -86,25 +95,23 @@ class GpuOps:
         x = cp.ascontiguousarray(x)
         n, c, h, w = x.shape
         ho, wo = conv_out_size(h, kh, stride, pad), conv_out_size(w, kw, stride, pad)
-        if out is None:
-            out = cp.empty((c * kh * kw, n * ho * wo), x.dtype)
-        self._launch("conv.cu", "im2col", out.size, x, out, np.int32(n), np.int32(c),
+        col = cp.empty((c * kh * kw, n * ho * wo), x.dtype)
+        self._launch("conv.cu", "im2col", col.size, x, col, np.int32(n), np.int32(c),
                      np.int32(h), np.int32(w), np.int32(kh), np.int32(kw),
                      np.int32(stride), np.int32(pad), np.int32(ho), np.int32(wo))
-        return out
+        return self._into(col, out)
 
     def col2im(self, col, x_shape, kh, kw, stride, pad, out=None, ws=None):
         from .ops import conv_out_size
         cp = self.cp
         n, c, h, w = x_shape
         ho, wo = conv_out_size(h, kh, stride, pad), conv_out_size(w, kw, stride, pad)
-        if out is None:
-            out = cp.empty(x_shape, col.dtype)
-        self._launch("conv.cu", "col2im", out.size, cp.ascontiguousarray(col), out,
+        dx = cp.empty(x_shape, col.dtype)
+        self._launch("conv.cu", "col2im", dx.size, cp.ascontiguousarray(col), dx,
                      np.int32(n), np.int32(c), np.int32(h), np.int32(w), np.int32(kh),
                      np.int32(kw), np.int32(stride), np.int32(pad), np.int32(ho),
                      np.int32(wo))
-        return out
+        return self._into(dx, out)
 
     def conv2d_forward(self, x, w, b, stride=1, pad=0, col=None, out=None, ws=None):
         from .ops import conv_out_size
@@ -146,37 +153,45 @@ class GpuOps:
         x = cp.ascontiguousarray(x)
         n, c, h, w = x.shape
         ho, wo = conv_out_size(h, k, stride, 0), conv_out_size(w, k, stride, 0)
-        out = cp.empty((n, c, ho, wo), x.dtype) if out is None else out
-        argmax = cp.empty((n, c, ho, wo), cp.uint8) if argmax is None else argmax
-        self._launch("pool.cu", "maxpool_fwd", out.size, x, out, argmax, np.int32(n),
+        y = cp.empty((n, c, ho, wo), x.dtype)
+        am = cp.empty((n, c, ho, wo), cp.uint8)
+        self._launch("pool.cu", "maxpool_fwd", y.size, x, y, am, np.int32(n),
                      np.int32(c), np.int32(h), np.int32(w), np.int32(k),
                      np.int32(stride), np.int32(ho), np.int32(wo))
-        return out, argmax
+        return self._into(y, out), self._into(am, argmax)
 
     def maxpool_backward(self, dy, argmax, x_shape, k=2, stride=2, out=None, ws=None):
         cp = self.cp
         n, c, h, w = x_shape
         ho, wo = dy.shape[2], dy.shape[3]
-        out = cp.empty(x_shape, dy.dtype) if out is None else out
-        self._launch("pool.cu", "maxpool_bwd", out.size, cp.ascontiguousarray(dy),
-                     cp.ascontiguousarray(argmax), out, np.int32(n), np.int32(c),
+        dx = cp.empty(x_shape, dy.dtype)
+        self._launch("pool.cu", "maxpool_bwd", dx.size, cp.ascontiguousarray(dy),
+                     cp.ascontiguousarray(argmax), dx, np.int32(n), np.int32(c),
                      np.int32(h), np.int32(w), np.int32(k), np.int32(stride),
                      np.int32(ho), np.int32(wo))
+        return self._into(dx, out)
+
+    def _into(self, res, out):
+        """Kernels write contiguous arrays: copy into a caller's `out` that is
+        another array (or a strided view)."""
+        if out is None or out is res:
+            return res
+        out[...] = res
         return out
 
     def relu_forward(self, x, out=None):
         cp = self.cp
-        x = cp.ascontiguousarray(x)
-        out = x if out is x else (cp.empty_like(x) if out is None else out)
-        self._launch("activation.cu", "relu_fwd", x.size, x, out, np.int64(x.size))
-        return out
+        xc = cp.ascontiguousarray(x)
+        res = xc if (out is x and xc is x) else cp.empty_like(xc)
+        self._launch("activation.cu", "relu_fwd", xc.size, xc, res, np.int64(xc.size))
+        return self._into(res, out)
 
     def relu_backward(self, dy, y, out=None):
         cp = self.cp
-        dy, y = cp.ascontiguousarray(dy), cp.ascontiguousarray(y)
-        out = cp.empty_like(dy) if out is None else out
-        self._launch("activation.cu", "relu_bwd", dy.size, dy, y, out, np.int64(dy.size))
-        return out
+        dyc, yc = cp.ascontiguousarray(dy), cp.ascontiguousarray(y)
+        res = dyc if (out is dy and dyc is dy) else cp.empty_like(dyc)
+        self._launch("activation.cu", "relu_bwd", dyc.size, dyc, yc, res, np.int64(dyc.size))
+        return self._into(res, out)
 
     # -- linear, loss -----------------------------------------------------------
     def linear_forward(self, x, w, b, out=None):
@@ -218,10 +233,10 @@ class GpuOps:
         cp = self.cp
         labels = cp.asarray(labels, dtype=cp.int64)
         n, k = probs.shape
-        out = cp.empty_like(probs) if out is None else out
+        d = cp.empty_like(probs)
         self._launch("softmax_xent.cu", "softmax_xent_bwd", probs.size,
-                     cp.ascontiguousarray(probs), labels, out, np.int32(n), np.int32(k))
-        return out
+                     cp.ascontiguousarray(probs), labels, d, np.int32(n), np.int32(k))
+        return self._into(d, out)
 
     # -- optimizer and consensus vectors ----------------------------------------
     def sgd_update(self, w, g, v, c, u, lr, mu, wd, rho, nesterov, has_prox):

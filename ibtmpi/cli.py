@@ -248,15 +248,21 @@ def cmd_train(args):
         if args.simulate and size > 1:
             raise ConfigError("--simulate runs N logical workers in ONE process; "
                               "launch it without mpiexec")
+        device_ops = None
         if args.device == "gpu":
             select("gpu")                 # explicit error where there is no GPU
-            raise DeviceError("the trainer's GPU path is not available yet (the CUDA "
-                              "kernels are built and checked; see README); use --device cpu")
+            local = comm.worker_local_rank()
+            if local >= 0 or args.simulate:   # the master needs no GPU
+                from .backend import GpuOps, bind_worker_gpu
+                gpu = bind_worker_gpu(max(local, 0))
+                device_ops = GpuOps()
+                if rank <= 1:
+                    log(f"workers compute on GPU (rank {rank}: device {gpu})")
         cfg = load(args.config, overrides)
         if rank == 0:
             _check_writable(cfg["run"]["dir"])
         threads.configure(cfg["run"]["threads"])
-        trainer = Trainer(cfg, log=log)
+        trainer = Trainer(cfg, log=log, device_ops=device_ops)
     except bad_input as e:
         return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
     try:

@@ -156,3 +156,19 @@ def allreduce_sweep(sizes_bytes, reps=7, warmup=2):
                 times.append(dt)
         out.append({"bytes": int(n), "seconds": sorted(times)[len(times) // 2]})
     return out
+
+
+def worker_local_rank(comm=None):
+    """This rank's index among the WORKER ranks (world rank >= 1) on its node,
+    from Split_type (launcher independent); -1 on the master."""
+    comm = comm or MPI.COMM_WORLD
+    me = comm.Get_rank()
+    if me == 0 and comm.Get_size() > 1:
+        return -1
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
+    try:
+        ranks = node.allgather(me)
+    finally:
+        node.Free()
+    workers = sorted(r for r in ranks if r != 0 or comm.Get_size() == 1)
+    return workers.index(me)

@@ -119,17 +119,21 @@ class Consensus:
         else:
             np.copyto(w, self.start_point())
 
-    def extra_grad(self, ws):
-        """g += rho*(w - c + u) for admm/ibt; None otherwise."""
+    def extra_grad(self, ws, to_device=None):
+        """g += rho*(w - c + u) for admm/ibt; None otherwise. With
+        `to_device`, c and u are copied to the device once per block."""
         c = self.centre()
         if c is None:
             return None
+        u = ws.u
+        if to_device is not None:
+            c, u = to_device(c), to_device(u)
         tmp = np.empty_like(c)
         rho = self.dtype.type(self.rho)
 
         def add(w, g):
             np.subtract(w, c, out=tmp)
-            np.add(tmp, ws.u, out=tmp)
+            np.add(tmp, u, out=tmp)
             np.multiply(tmp, rho, out=tmp)
             np.add(g, tmp, out=g)
         return add

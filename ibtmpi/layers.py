@@ -24,6 +24,7 @@ class Layer:
 
     def __init__(self):
         self.ws = ops.Workspace()
+        self.ops = ops          # the NumPy ops, or a GpuOps with the same signatures
         self.params: list[np.ndarray] = []
         self.grads: list[np.ndarray] = []
 
@@ -38,6 +39,17 @@ class Layer:
 
     def bind(self, params, grads):
         self.params, self.grads = params, grads
+
+    @property
+    def on_host(self):
+        return self.ops is ops
+
+    def _scratch(self, name, shape, dtype, cnhw=False):
+        """A reusable host buffer; None on a device (the launchers allocate)."""
+        if not self.on_host:
+            return None
+        return ops._buf4(self.ws, name, shape, dtype, cnhw) if cnhw else \
+            self.ws.get(name, shape, dtype)
 
     def describe(self):
         return self.kind
@@ -67,12 +79,12 @@ class Conv2d(Layer):
 
     def forward(self, x, train):
         self.x_shape = x.shape
-        y, self.col = ops.conv2d_forward(x, self.params[0], self.params[1],
+        y, self.col = self.ops.conv2d_forward(x, self.params[0], self.params[1],
                                          self.stride, self.pad, ws=self.ws)
         return y
 
     def backward(self, dy, need_dx=True):
-        return ops.conv2d_backward(dy, self.col, self.x_shape, self.params[0],
+        return self.ops.conv2d_backward(dy, self.col, self.x_shape, self.params[0],
                                    self.stride, self.pad, self.grads[0],
                                    self.grads[1], need_dx, ws=self.ws)
 
@@ -97,15 +109,15 @@ class MaxPool2d(Layer):
     def forward(self, x, train):
         self.x_shape = x.shape
         self.x_cnhw = ops.is_cnhw(x)
-        y, self.argmax = ops.maxpool_forward(x, self.k, self.stride, ws=self.ws)
+        y, self.argmax = self.ops.maxpool_forward(x, self.k, self.stride, ws=self.ws)
         return y
 
     def backward(self, dy, need_dx=True):
         # dx gets the same memory layout as x had: when x was a conv output
         # (an NCHW view of a (C, N, H, W) buffer), the conv's backward then
         # reads dx without a transpose copy.
-        out = ops._buf4(self.ws, "dx", self.x_shape, dy.dtype, self.x_cnhw)
-        return ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
+        out = self._scratch("dx", self.x_shape, dy.dtype, self.x_cnhw)
+        return self.ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
                                     self.stride, out=out)
 
     def describe(self):
@@ -123,13 +135,13 @@ class ReLU(Layer):
         self.inplace = False
 
     def forward(self, x, train):
-        out = x if self.inplace else self.ws.get("y", x.shape, x.dtype)
-        self.y = ops.relu_forward(x, out=out)
+        out = x if self.inplace else self._scratch("y", x.shape, x.dtype)
+        self.y = self.ops.relu_forward(x, out=out)
         return self.y
 
     def backward(self, dy, need_dx=True):
         # dy is the next layer's scratch gradient; overwrite it in place.
-        return ops.relu_backward(dy, self.y, out=dy if self.inplace else None)
+        return self.ops.relu_backward(dy, self.y, out=dy if self.inplace else None)
 
 
 class Flatten(Layer):
@@ -167,12 +179,12 @@ class Linear(Layer):
 
     def forward(self, x, train):
         self.x = x
-        out = self.ws.get("y", (x.shape[0], self.out_features), x.dtype)
-        return ops.linear_forward(x, self.params[0], self.params[1], out=out)
+        out = self._scratch("y", (x.shape[0], self.out_features), x.dtype)
+        return self.ops.linear_forward(x, self.params[0], self.params[1], out=out)
 
     def backward(self, dy, need_dx=True):
-        out = self.ws.get("dx", self.x.shape, dy.dtype) if need_dx else None
-        return ops.linear_backward(dy, self.x, self.params[0], self.grads[0],
+        out = self._scratch("dx", self.x.shape, dy.dtype) if need_dx else None
+        return self.ops.linear_backward(dy, self.x, self.params[0], self.grads[0],
                                    self.grads[1], need_dx, out=out)
 
     def describe(self):
@@ -194,6 +206,9 @@ class Dropout(Layer):
         if not train or self.p == 0.0:
             self.mask = None
             return x
+        if not self.on_host:
+            raise ValueError("dropout is not available on the GPU yet; remove the "
+                             "dropout layer or train with --device cpu")
         y, self.mask = ops.dropout_forward(
             x, self.p, self.rng, out=self.ws.get("y", x.shape, x.dtype),
             mask=self.ws.get("mask", x.shape, x.dtype))

@@ -140,8 +140,14 @@ class Model:
     """
 
     def __init__(self, spec="reference", input_shape=(3, 64, 64), n_classes=5,
-                 dtype=np.float32, seed=0):
+                 dtype=np.float32, seed=0, ops=None):
+        """ops: None for the NumPy backend, or a backend.GpuOps (parameters,
+        gradients and activations then live on its device)."""
         self.dtype = np.dtype(dtype)
+        self.device_ops = ops
+        self.xp = np if ops is None else ops.cp
+        if ops is not None and self.dtype != np.float32:
+            raise ValueError("the GPU backend is float32 only")
         self.input_shape = tuple(int(s) for s in input_shape)
         self.n_classes = int(n_classes)
         self.spec = spec
@@ -149,8 +155,8 @@ class Model:
                                                 self.n_classes)
         sizes = [int(np.prod(s)) for l in self.layers for s in l.param_shapes()]
         self.size = int(sum(sizes))
-        self.params = np.zeros(self.size, self.dtype)   # (P,)
-        self.grads = np.zeros(self.size, self.dtype)    # (P,)
+        self.params = self.xp.zeros(self.size, self.dtype)   # (P,)
+        self.grads = self.xp.zeros(self.size, self.dtype)    # (P,)
         self.slices = []          # (layer index, name, slice) for reporting
         off = 0
         for li, layer in enumerate(self.layers):
@@ -162,6 +168,8 @@ class Model:
                 self.slices.append((li, name, slice(off, off + n)))
                 off += n
             layer.bind(pv, gv)
+            if ops is not None:
+                layer.ops = ops
         self.init(seed)
 
     # -- parameters -------------------------------------------------------
@@ -173,8 +181,10 @@ class Model:
             if not layer.param_shapes():
                 continue
             w, b = layer.params
-            w[...] = rng.standard_normal(w.shape, dtype=np.float64).astype(
+            # drawn on the host in float64 for every backend: same init everywhere
+            vals = rng.standard_normal(w.shape, dtype=np.float64).astype(
                 self.dtype) * self.dtype.type(he_std(layer))
+            w[...] = vals if self.xp is np else self.xp.asarray(vals)
             b[...] = 0
         for layer in self.layers:
             if isinstance(layer, Dropout):
@@ -218,6 +228,8 @@ class Model:
 
     def forward(self, x, train=False):
         """logits (N, K); valid until the next forward call."""
+        if self.xp is not np and isinstance(x, np.ndarray):
+            x = self.xp.asarray(x)                  # host batch -> device
         self._check_input(x)
         for layer in self.layers:
             x = layer.forward(x, train)
@@ -234,10 +246,11 @@ class Model:
         """One forward+backward on a batch; fills self.grads.
 
         Returns (mean loss, number of correct predictions)."""
+        o = self.device_ops or ops
         logits = self.forward(x, train=True)
-        loss, probs = ops.softmax_xent_forward(logits, labels)
-        correct = int((probs.argmax(axis=1) == labels).sum())
-        self.backward(ops.softmax_xent_backward(probs, labels))
+        loss, probs = o.softmax_xent_forward(logits, labels)
+        correct = int((probs.argmax(axis=1) == self.xp.asarray(labels)).sum())
+        self.backward(o.softmax_xent_backward(probs, labels))
         return loss, correct
 
     def evaluate(self, x, labels, batch=256):
@@ -247,15 +260,16 @@ class Model:
         for s in range(0, n, batch):
             xb, yb = x[s:s + batch], labels[s:s + batch]
             logits = self.forward(xb, train=False)
-            loss, probs = ops.softmax_xent_forward(logits, yb)
+            loss, probs = (self.device_ops or ops).softmax_xent_forward(logits, yb)
             loss_sum += loss * len(yb)
-            correct += int((probs.argmax(axis=1) == yb).sum())
+            correct += int((probs.argmax(axis=1) == self.xp.asarray(yb)).sum())
         return loss_sum / max(n, 1), correct / max(n, 1)
 
     def predict_proba(self, x, batch=256):
         out = np.empty((len(x), self.n_classes), self.dtype)
         for s in range(0, len(x), batch):
             logits = self.forward(x[s:s + batch], train=False)
-            _, out[s:s + batch] = ops.softmax_xent_forward(
+            _, p = (self.device_ops or ops).softmax_xent_forward(
                 logits, np.zeros(len(logits), np.int64))
+            out[s:s + batch] = p if self.xp is np else self.device_ops.asnumpy(p)
         return out

@@ -57,7 +57,9 @@ class InjectedFault(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg, log=print):
+    def __init__(self, cfg, log=print, device_ops=None):
+        """device_ops: a backend.GpuOps for the workers' compute (the master,
+        which has no worker, always stays on the host)."""
         self.cfg = cfg
         self.log = log
         d, r, a = cfg["data"], cfg["run"], cfg["algorithm"]
@@ -87,15 +89,20 @@ class Trainer:
                                d["split_size"] or (None if d["block_size"] else 512), n)
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
         h, w, c = self.ds.image_shape
+        # Workers compute on the device when one is given; the consensus state
+        # stays on the host on EVERY rank, so z is bitwise identical everywhere
+        # and the packed block buffer is a host buffer.
+        self.dev = device_ops if self.local else None
         self.model = Model(cfg["model"]["layers"], (c, h, w), self.ds.n_classes,
-                           seed=cfg["model"]["seed"])
+                           seed=cfg["model"]["seed"], ops=self.dev)
         o = cfg["optim"]
         self.opt = SGD(self.model.params, o["lr"], o["momentum"], o["weight_decay"],
                        o["nesterov"])
         P = self.model.size
         self.P = P
+        self._w_host = np.empty(P, np.float32)      # host image of a worker's w
         self.cons = None if self.algo == "ssgd" else Consensus(
-            self.algo, self.model.params, n, a)
+            self.algo, self._host(self.model.params), n, a)
         self.states = {i: WorkerState(P, self.model.dtype, self.algo) for i in self.local}
         self.velocity = {i: np.zeros(P, self.model.dtype) for i in self.local}
         self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
@@ -106,7 +113,8 @@ class Trainer:
         self.send = np.zeros(L, np.float32)
         self.recv = np.zeros(L, np.float32)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
-        self.z = self.model.params.copy() if self.algo == "ssgd" else self.cons.z
+        self.z = (np.array(self._host(self.model.params)) if self.algo == "ssgd"
+                  else self.cons.z)
         self.val = self.test = None
         if self.is_master:
             for name in ("val", "test"):
@@ -134,6 +142,12 @@ class Trainer:
                 raise ValueError(f"IBTMPI_FAULT must be rank:block:phase, got {fault!r}") from None
 
     # -- helpers ------------------------------------------------------------
+    def _host(self, a):
+        return a if self.dev is None else self.dev.asnumpy(a)
+
+    def _dev(self, a):
+        return a if self.dev is None else self.dev.asarray(a)
+
     def _at(self, phase):
         """Enter a phase; raise the injected fault if it targets this point."""
         self.phase = phase
@@ -177,11 +191,11 @@ class Trainer:
     def _swap_in(self, i):
         # several simulated workers share one optimizer: swap their momentum
         if len(self.local) > 1:
-            np.copyto(self.opt.v, self.velocity[i])
+            self.opt.v[...] = self._dev(self.velocity[i])
 
     def _swap_out(self, i):
         if len(self.local) > 1:
-            np.copyto(self.velocity[i], self.opt.v)
+            self.velocity[i][...] = self._host(self.opt.v)
 
     # -- one block ----------------------------------------------------------
     def _block_algo(self, k, work):
@@ -204,14 +218,20 @@ class Trainer:
             if self.cfg["optim"]["reset_momentum"]:
                 self.opt.reset()
             ws = self.states[i]
-            self.cons.worker_begin(ws, self.model.params)
-            self.opt.extra_grad = self.cons.extra_grad(ws)
+            wh = self._w_host if self.dev is not None else self.model.params
+            self.cons.worker_begin(ws, wh)
+            if self.dev is not None:
+                self.model.params[...] = self.dev.asarray(wh)
+            self.opt.extra_grad = self.cons.extra_grad(
+                ws, to_device=None if self.dev is None else self.dev.asarray)
             loss_sum, cnt, corr = self._run_steps(mbs)
+            if self.dev is not None:
+                wh[...] = self.dev.asnumpy(self.model.params)
             if self.fault and self.fault == (self.rank, k, "nan"):
                 loss_sum = float("nan")            # injected divergence (tests)
-                self.model.params[0] = np.nan
+                wh[0] = np.nan
             out = tmp if tmp is not None else vec
-            q = self.cons.contribution(ws, self.model.params, out)
+            q = self.cons.contribution(ws, wh, out)
             if tmp is not None:
                 vec += tmp
             self._swap_out(i)
@@ -227,7 +247,7 @@ class Trainer:
         self._check_flags(k)
         diag = self.cons.update(recv[:P], float(recv[P + 3]))
         for i in self.local:
-            self.cons.worker_end(self.states[i], self.model.params)
+            self.cons.worker_end(self.states[i], None)
         return p, b, diag
 
     def _reduce(self, send, recv, work, k):
@@ -306,7 +326,7 @@ class Trainer:
                 x, y = data[i][s]
                 if len(y):
                     loss, c = self.model.loss_and_grad(x, y)
-                    send[:P] += self.model.grads
+                    send[:P] += self._host(self.model.grads)
                     send[P:P + 3] += np.array([loss * len(y), len(y), c], np.float32)
                 send[P + NS + i] += time.perf_counter() - t0
                 if s == 0:
@@ -317,9 +337,9 @@ class Trainer:
             self._reduce(send, recv, work, k)
             self._check_flags(k)
             g = recv[:P] * np.float32(1.0 / n)
-            self.opt.step(g)            # same averaged gradient on every rank
+            self.opt.step(self._dev(g))   # same averaged gradient on every rank
             tot += recv[P:self.F0]
-        np.copyto(self.z, w0)
+        self.z[...] = self._host(w0)
         recv[P:self.F0] = tot
         return p, b, {"primal": 0.0, "dual": 0.0, "rho": 0.0}
 
@@ -335,11 +355,12 @@ class Trainer:
                 x, y = mbs[i][s % len(mbs[i])]
                 if len(y):
                     self.model.loss_and_grad(x, y)
-                    self.send[:P] += self.model.grads
+                    self.send[:P] += self._host(self.model.grads)
             mpi.allreduce_sum(self.send, self.recv, self.comm)
-            self.opt.step(self.recv[:P] * np.float32(1.0 / n))
+            self.opt.step(self._dev(self.recv[:P] * np.float32(1.0 / n)))
         self.opt.reset()
-        self.cons = Consensus(self.algo, self.model.params, n, self.cfg["algorithm"])
+        self.cons = Consensus(self.algo, self._host(self.model.params), n,
+                              self.cfg["algorithm"])
         self.z = self.cons.z
         self.log(f"warm-up: {steps} gradient-allreduce steps before block 0")
 
@@ -369,7 +390,7 @@ class Trainer:
             a.update(z=c.z, zg=c.zg, v=c.v, U=c.U, rho=np.float64(c.rho),
                      cons_blocks=np.int64(c.blocks))
         if self.algo == "ssgd":
-            a.update(params=self.model.params, opt_v=self.opt.v)
+            a.update(params=self._host(self.model.params), opt_v=self._host(self.opt.v))
         for i in self.local:
             ws = self.states[i]
             if self.algo in ("admm", "ibt"):
@@ -377,7 +398,8 @@ class Trainer:
             if self.algo == "easgd":
                 a[f"w_own_{i}"] = ws.w_own
             if self.algo != "ssgd":
-                a[f"v_{i}"] = self.velocity[i] if len(self.local) > 1 else self.opt.v
+                a[f"v_{i}"] = (self.velocity[i] if len(self.local) > 1
+                               else self._host(self.opt.v))
         return a
 
     def _checkpoint(self, k):
@@ -455,8 +477,9 @@ class Trainer:
         mine = ckpt.read_rank(os.path.join(where, ckpt.rank_file(self.rank)),
                               self._state_spec())
         if self.algo == "ssgd":
-            np.copyto(self.model.params, mine["params"])
-            np.copyto(self.opt.v, mine["opt_v"])
+            self.model.params[...] = self._dev(mine["params"])
+            self.opt.v[...] = self._dev(mine["opt_v"])
+            self.z[...] = mine["params"]
         for i in self.local:
             ws = self.states[i]
             if self.algo in ("admm", "ibt"):
@@ -466,7 +489,7 @@ class Trainer:
             if self.algo != "ssgd":
                 np.copyto(self.velocity[i], mine[f"v_{i}"])
                 if len(self.local) == 1:
-                    np.copyto(self.opt.v, mine[f"v_{i}"])
+                    self.opt.v[...] = self._dev(mine[f"v_{i}"])
         return k + 1
 
     # -- the run --------------------------------------------------------------

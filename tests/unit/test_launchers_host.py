@@ -4,57 +4,15 @@ host-emulated kernels (ibtmpi/kernelcheck.py). This checks what the kernel
 tests cannot: each launcher's argument order and types, shapes, grid
 arithmetic and the GEMM/bias composition, against the NumPy reference ops.
 The gpu tests (tests/gpu) repeat the same checks with real CuPy."""
-import os
-import tempfile
-
 import numpy as np
 import pytest
+from fakecupy import FakeCupy
 
-from ibtmpi import consensus, kernelcheck, ops
+from ibtmpi import consensus, ops
 from ibtmpi.backend import GpuOps
 from ibtmpi.optim import sgd_update
 
 RNG = np.random.default_rng(17)
-
-
-class _Fn:
-    def __init__(self, mod, name):
-        self.mod, self.name = mod, name
-
-    def __call__(self, grid, block, args):
-        conv = [a if isinstance(a, np.ndarray) else
-                (int(a) if isinstance(a, (np.integer, int)) else float(a)) for a in args]
-        # emulate a bounded grid: grid-stride loops cover the rest
-        getattr(self.mod, self.name)(min(int(grid[0]), 64), min(int(block[0]), 64), *conv)
-
-
-class _RawModule:
-    def __init__(self, code, options=()):
-        d = tempfile.mkdtemp(prefix="ibtmpi-fakecupy-")
-        path = os.path.join(d, "k.cu")
-        with open(path, "w") as f:
-            f.write(code)
-        self.mod = kernelcheck.host_module(path)
-
-    def get_function(self, name):
-        return _Fn(self.mod, name)
-
-
-class FakeCupy:
-    """The subset of CuPy that GpuOps uses, on NumPy."""
-    RawModule = _RawModule
-    int64, uint8, float32 = np.int64, np.uint8, np.float32
-    ascontiguousarray = staticmethod(np.ascontiguousarray)
-    empty, empty_like, zeros = staticmethod(np.empty), staticmethod(np.empty_like), staticmethod(np.zeros)
-    matmul = staticmethod(np.matmul)
-
-    @staticmethod
-    def asarray(x, dtype=None):
-        return np.ascontiguousarray(np.asarray(x, dtype=dtype))
-
-    @staticmethod
-    def asnumpy(x):
-        return np.asarray(x)
 
 
 @pytest.fixture(scope="module")

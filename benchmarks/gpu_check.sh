@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
 # GPU checks for a single-GPU machine with CUDA, CuPy, PyTorch, mpi4py and
-# pytest preinstalled and no network. Writes everything under OUTDIR.
-#   bash benchmarks/gpu_check.sh OUTDIR
-# Covers: nvidia-smi; every kernels/*.cu compiled by CuPy on the real
-# toolkit; the gpu-marked tests (each CuPy launch vs the NumPy reference).
-# Not yet covered: the training step vs cuDNN and the 2-worker MPI run,
-# which need the trainer's --device gpu path (see the GPU issue's notes).
+# pytest preinstalled and no network. Writes everything under OUTDIR; about
+# 3-5 minutes.   bash benchmarks/gpu_check.sh OUTDIR
+# 1. nvidia-smi; every kernels/*.cu compiled by CuPy on the real toolkit
+# 2. the gpu-marked tests: each CuPy launch vs the NumPy reference
+# 3. the training step, our kernels vs PyTorch/cuDNN fp32, batch 64 and 256
+# 4. a short training with 2 workers sharing the GPU (mpiexec -n 3 when an
+#    mpiexec exists, else --simulate 2 in one process)
+# Our own package is installed from this tree with --no-deps: numpy, h5py,
+# threadpoolctl, tqdm and pillow must be there (bring wheels if not).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 site=$(mktemp -d)
-# our package only (numpy, cupy, pytest come from the machine)
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . \
     >"$out/install.log" 2>&1 || { echo "install failed:"; cat "$out/install.log"; exit 1; }
 export PYTHONPATH="$site"
+python3 -c "import numpy, h5py, threadpoolctl, tqdm, PIL, cupy, mpi4py" 2>&1 | tee "$out/imports.txt"
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 python3 - <<'PY' 2>&1 | tee "$out/compile.txt"
 import cupy
 from ibtmpi.kernels import sources
 for s in sources():
-    m = cupy.RawModule(code=s.read_text(), options=("--std=c++14",))
-    m.compile()
-    print(f"{s.name}: compiled by CuPy {cupy.__version__} for {cupy.cuda.Device().compute_capability}")
+    cupy.RawModule(code=s.read_text(), options=("--std=c++14",)).compile()
+    print(f"{s.name}: compiled by CuPy {cupy.__version__} for sm_{cupy.cuda.Device().compute_capability}")
 PY
 python3 -m pytest -m gpu tests/gpu -ra -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/gpu_tests.txt"
+python3 benchmarks/bench_gpu_step.py --json "$out/gpu_step.json" 2>&1 | tee "$out/gpu_step.txt"
+data=$(mktemp -d)/d
+python3 -m ibtmpi prep synth "$data" --n 4000 --size 64 --shards 2 --quiet
+sets="--set data.path=$data --set data.split_size=256 --set run.passes=2 --set run.dir=$out/run --set run.quiet=true"
+if command -v mpiexec >/dev/null; then
+    mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets 2>&1 | tee "$out/mpi_train.txt"
+else
+    python3 -m ibtmpi train --device gpu --simulate 2 $sets 2>&1 | tee "$out/mpi_train.txt"
+fi

@@ -13,13 +13,15 @@ set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-site=$(mktemp -d)
+tmp=$(mktemp -d)
+site=$tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . \
-    >"$out/install.log" 2>&1 || { echo "install failed:"; cat "$out/install.log"; exit 1; }
+    >"$tmp/install.log" 2>&1 || { echo "install failed:"; cat "$tmp/install.log"; exit 1; }
 export PYTHONPATH="$site"
-python3 -c "import numpy, h5py, threadpoolctl, tqdm, PIL, cupy, mpi4py" 2>&1 | tee "$out/imports.txt"
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
-python3 - <<'PY' 2>&1 | tee "$out/compile.txt"
+python3 -c "import numpy, h5py, threadpoolctl, tqdm, PIL, cupy, mpi4py; print('imports ok')" \
+    2>&1 | tee "$out/compile.txt"
+python3 - <<'PY' 2>&1 | tee -a "$out/compile.txt"
 import cupy
 from ibtmpi.kernels import sources
 for s in sources():
@@ -28,11 +30,13 @@ for s in sources():
 PY
 python3 -m pytest -m gpu tests/gpu -ra -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/gpu_tests.txt"
 python3 benchmarks/bench_gpu_step.py --json "$out/gpu_step.json" 2>&1 | tee "$out/gpu_step.txt"
-data=$(mktemp -d)/d
+data=$tmp/d
 python3 -m ibtmpi prep synth "$data" --n 4000 --size 64 --shards 2 --quiet
-sets="--set data.path=$data --set data.split_size=256 --set run.passes=2 --set run.dir=$out/run --set run.quiet=true"
+sets="--set data.path=$data --set data.split_size=256 --set run.passes=2 --set run.dir=$tmp/run --set run.quiet=true"
 if command -v mpiexec >/dev/null; then
-    mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets 2>&1 | tee "$out/mpi_train.txt"
+    mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets 2>&1 | tee "$out/train.txt"
 else
-    python3 -m ibtmpi train --device gpu --simulate 2 $sets 2>&1 | tee "$out/mpi_train.txt"
+    python3 -m ibtmpi train --device gpu --simulate 2 $sets 2>&1 | tee "$out/train.txt"
 fi
+cp "$tmp/run/summary.json" "$out/train_summary.json" 2>/dev/null
+ls "$out"      # at most 7 files: nvidia-smi, compile, gpu_tests, gpu_step (2), train (2)

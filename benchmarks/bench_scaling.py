@@ -76,11 +76,11 @@ def fit(sweeps):
     return float(alpha), float(beta), float(np.median(np.abs(pred - y) / y))
 
 
-def t_sample_cpu(size, batch=64, steps=6):
+def t_sample_cpu(size, batch=64, steps=6, threads=1):
     from threadpoolctl import threadpool_limits
     from ibtmpi.model import Model
     from ibtmpi.optim import SGD
-    threadpool_limits(1)
+    threadpool_limits(threads)
     m = Model("reference", (3, size, size), 5)
     opt = SGD(m.params, lr=1e-4)
     rng = np.random.default_rng(0)
@@ -146,15 +146,22 @@ def cmd_model(a):
             cfg = load(cp)
             ds = Dataset(cfg["data"]["path"])
             h = ds.image_shape[0]
-            ts_run, P_run = t_sample_cpu(h)
+            from ibtmpi.threads import default_threads
+            ranks = s["world_size"]
+            ts_run, P_run = t_sample_cpu(h, threads=default_threads(ranks))
             n_train = ds.split("train").n
             split = cfg["data"]["split_size"] or cfg["data"]["block_size"] // s["N"]
             lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
             meas = sum(l["wall_s"] for l in lines) / s["passes"]
             # workers share this machine's cores: N workers on 2 cores
             share = max(1.0, s["N"] / os.cpu_count())
-            mod = pass_time(n_train, s["N"], split, ts_run * share, P_run, alpha, beta,
-                            t_update_cpu(P_run) if s["N"] > 1 else 0.0)
+            if s["algorithm"] == "ssgd":   # one Allreduce per minibatch, not per block
+                batch = cfg["data"]["batch"]
+                steps = n_train // s["N"] // batch
+                mod = steps * (batch * ts_run * share + t_ar(ranks, 4 * P_run, alpha, beta))
+            else:
+                mod = pass_time(n_train, s["N"], split, ts_run * share, P_run, alpha, beta,
+                                t_update_cpu(P_run) if s["N"] > 1 else 0.0)
             errs.append(abs(mod - meas) / meas)
             print(f"| {os.path.basename(d)} | {s['N']} | {meas:.2f} | {mod:.2f} | "
                   f"{(mod - meas) / meas:+.0%} |")

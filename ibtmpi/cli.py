@@ -81,6 +81,7 @@ def build_parser():
     p.add_argument("--split", default="test")
     p.add_argument("--out", help="directory for report.json, report.txt and "
                    "confusion.png (default: print only)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
 
     p = sub.add_parser("predict", help="class and probabilities for image files",
                        description="Predict image files or folders with exactly the "
@@ -332,7 +333,17 @@ def cmd_evaluate(args):
                              f"{tm.image_shape} (H, W, C); re-import with "
                              f"`ibtmpi prep ... --size {tm.image_shape[0]}`")
         sp = ds.split(args.split)
+        if args.device == "gpu":
+            from .backend import GpuOps, bind_worker_gpu, select
+            select("gpu")
+            bind_worker_gpu(comm.node_rank_size()[0])
+            tm = tm.to_device(GpuOps())
     except (TrainedModelError, DatasetError, UsageError) as e:
+        return _fail(f"ibtmpi evaluate: error: {e}", 2, size, rank)
+    except Exception as e:             # DeviceError and friends: clear, exit 2
+        from .backend import DeviceError
+        if not isinstance(e, DeviceError):
+            raise
         return _fail(f"ibtmpi evaluate: error: {e}", 2, size, rank)
     lo, hi = worker_range(sp.n, size, rank)       # this rank's share
     cm = np.zeros((len(tm.classes), len(tm.classes)), np.int64)

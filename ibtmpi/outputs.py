@@ -23,21 +23,29 @@ class TrainedModelError(Exception):
 
 
 class Trained:
-    def __init__(self, z, layers, input_shape, classes, mean, std, source):
+    def __init__(self, z, layers, input_shape, classes, mean, std, source, ops=None):
         self.classes = list(classes)
         self.mean = np.asarray(mean, np.float64)
         self.std = np.asarray(std, np.float64)
         self.source = source
         self.layers = layers
         try:
-            self.model = Model(layers, tuple(int(s) for s in input_shape), len(self.classes))
+            self.model = Model(layers, tuple(int(s) for s in input_shape), len(self.classes),
+                               ops=ops)
         except ValueError as e:
             raise TrainedModelError(f"{source}: layer spec does not build: {e}") from None
         if z.shape != (self.model.size,) or z.dtype != np.float32:
             raise TrainedModelError(
                 f"{source}: parameters are {z.dtype}{list(z.shape)}, the model needs "
                 f"float32[{self.model.size}] (incompatible checkpoint)")
-        np.copyto(self.model.params, z)
+        self.model.params[...] = z if ops is None else ops.asarray(z)
+
+    def to_device(self, ops):
+        """The same model computing with the device ops (backend.GpuOps)."""
+        z = self.model.params if self.model.xp is np else self.model.device_ops.asnumpy(
+            self.model.params)
+        return Trained(np.asarray(z), self.layers, self.model.input_shape, self.classes,
+                       self.mean, self.std, self.source, ops=ops)
 
     @property
     def image_shape(self):                      # (H, W, C)

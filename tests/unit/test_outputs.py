@@ -141,3 +141,19 @@ def test_errors(run_dir, small_dataset, tmp_path, capsys):
     prep_synth(big, n=100, size=24, quiet=True)
     assert main(["evaluate", run_dir, "--data", big]) == 2
     assert "the model takes (16, 16, 3)" in capsys.readouterr().err
+
+
+def test_evaluation_on_the_device_path_matches(run_dir, small_dataset):
+    """Evaluation through the GPU launchers (CuPy stand-in running the
+    host-emulated kernels) gives the host model's probabilities."""
+    from fakecupy import FakeCupy
+    from ibtmpi.backend import GpuOps
+    tm = load_trained(run_dir)
+    x = Dataset(small_dataset).split("test").read_all()[:16]
+    dev = tm.to_device(GpuOps(cp=FakeCupy()))
+    np.testing.assert_allclose(dev.probs(x), tm.probs(x), atol=1e-5)
+
+
+def test_evaluate_gpu_without_gpu_is_exit_2(run_dir, small_dataset, capsys):
+    assert main(["evaluate", run_dir, "--data", small_dataset, "--device", "gpu"]) == 2
+    assert "--device gpu was asked for but" in capsys.readouterr().err

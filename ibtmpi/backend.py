@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import source_path
-
 BLOCK = 256
 
 
@@ -81,6 +79,7 @@ class GpuOps:
 
     def _k(self, fname, kname):
         if fname not in self._mods:
+            from .kernels import source_path
             code = source_path(fname).read_text()
             self._mods[fname] = self.cp.RawModule(code=code, options=("--std=c++14",))
         return self._mods[fname].get_function(kname)

@@ -63,6 +63,10 @@ MailProg=/bin/true
 MpiDefault=none
 JobRequeue=1
 KillWait=10
+# Fresh job ids per CI cluster: MPICH names its shared memory after the PMI
+# job/step, and a stale segment of a killed "job 2" from an earlier cluster
+# would make a new job 2 hang in MPI_Init.
+FirstJobId=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000 ))   # < MaxJobId
 NodeName=$HOST Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 State=UNKNOWN
 PartitionName=ci Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 CONF

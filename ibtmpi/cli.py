@@ -280,6 +280,11 @@ def cmd_train(args):
         import traceback
         msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
                f"{trainer.phase}:\n" + traceback.format_exc())
+        try:                      # the launcher may drop output on abort: keep a copy
+            with open(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), "w") as f:
+                f.write(msg)
+        except OSError:
+            pass
         return _fail(msg, 1, size, rank, every_rank=True)
     return 0
 
@@ -308,6 +313,8 @@ def _fail(msg, code, size, rank, every_rank=False):
         from . import comm
         if rank != 0 and not every_rank:
             time.sleep(2)          # let rank 0 print the (same) message first
+        else:
+            time.sleep(0.5)        # let the launcher forward it before the abort
         comm.abort(code)
     return code
 

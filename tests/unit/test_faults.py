@@ -50,6 +50,8 @@ def test_injected_fault_ends_the_job_fast(small_dataset, tmp_path, rank, phase):
     assert dt < 60
     assert f"[rank {rank}] ibtmpi train failed in block 2, phase {phase}" in err
     assert "InjectedFault" in err
+    saved = (tmp_path / "r" / f"error-rank-{rank}.txt").read_text()
+    assert f"failed in block 2, phase {phase}" in saved
 
 
 def test_divergence_stops_names_block_and_rank_keeps_checkpoint(small_dataset, tmp_path):

@@ -12,13 +12,14 @@ import numpy as np
 
 
 def ours(batch, steps, warmup):
-    import cupy
     from ibtmpi.backend import GpuOps
     from ibtmpi.model import Model
     from ibtmpi.optim import SGD
+    ops = GpuOps()
+    cupy = ops.cp                       # the backend module is the one cupy importer
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
-    m = Model("reference", (3, 64, 64), 5, ops=GpuOps())
+    m = Model("reference", (3, 64, 64), 5, ops=ops)
     opt = SGD(m.params, lr=0.01, momentum=0.9, weight_decay=5e-4)
     rng = np.random.default_rng(0)
     x = cupy.asarray(rng.standard_normal((batch, 3, 64, 64), dtype=np.float32))

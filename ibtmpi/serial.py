@@ -38,15 +38,27 @@ def local_steps(model, opt, x_u8, y, mean, std, batch, order=None,
     return loss_sum / max(steps, 1), correct / max(steps * batch, 1), steps
 
 
-def evaluate(model, x_u8, y, mean, std, batch=256):
-    """(mean loss, accuracy) over uint8 images, no gradient."""
+def evaluate_steps(model, x_u8, y, mean, std, out, batch=256):
+    """Generator evaluating over uint8 images batch by batch, yielding after
+    each batch (the MPI master polls its Allreduce in between); when done,
+    out["loss"] and out["acc"] hold the mean loss and the accuracy."""
     loss_sum, correct = 0.0, 0
     for s in range(0, len(y), batch):
         xb = normalize(x_u8[s:s + batch], mean, std, dtype=model.dtype)
         l, a = model.evaluate(xb, y[s:s + batch], batch)
         loss_sum += l * len(xb)
         correct += round(a * len(xb))
-    return loss_sum / max(len(y), 1), correct / max(len(y), 1)
+        yield
+    out["loss"] = loss_sum / max(len(y), 1)
+    out["acc"] = correct / max(len(y), 1)
+
+
+def evaluate(model, x_u8, y, mean, std, batch=256):
+    """(mean loss, accuracy) over uint8 images, no gradient."""
+    out = {}
+    for _ in evaluate_steps(model, x_u8, y, mean, std, out, batch):
+        pass
+    return out["loss"], out["acc"]
 
 
 def train_epochs(model, opt, x_u8, y, mean, std, batch, epochs, seed=0,

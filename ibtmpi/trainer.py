@@ -164,17 +164,10 @@ class Trainer:
     def _eval_steps(self, data, params, out, batch=256):
         """Generator: evaluates params on (x, y) batch by batch, yielding in
         between, so the master can poll MPI; writes (loss, acc) into out."""
-        from .data import normalize
-        x, y = data
+        from .serial import evaluate_steps
         np.copyto(self.eval_model.params, params)
-        loss_sum, correct = 0.0, 0
-        for s in range(0, len(y), batch):
-            xb = normalize(x[s:s + batch], self.ds.mean, self.ds.std)
-            l, acc = self.eval_model.evaluate(xb, y[s:s + batch], batch)
-            loss_sum += l * len(xb)
-            correct += round(acc * len(xb))
-            yield
-        out["loss"], out["acc"] = loss_sum / len(y), correct / len(y)
+        return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
+                              self.ds.std, out, batch)
 
     def _run_steps(self, mbs):
         loss_sum, n, correct = 0.0, 0, 0

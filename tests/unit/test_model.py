@@ -77,6 +77,25 @@ def test_relu_pool_reordering_gives_the_spec_order_result():
     np.testing.assert_allclose(m.forward(x), ref, rtol=1e-12)
 
 
+def test_phase_fast_path_gives_the_plain_path_result():
+    # a conv hands its 2x2 pool a phase array on the host; turning that
+    # off must not change the loss or the flat gradient
+    x = RNG.standard_normal((4, 3, 16, 16)).astype(np.float32)
+    y = np.array([0, 1, 2, 3])
+    fast = Model("reference", (3, 16, 16), 5, seed=2)
+    assert fast.layers[0].phase_out
+    plain = Model("reference", (3, 16, 16), 5, seed=2)
+    for layer in plain.layers:
+        layer.phase_out = False
+    l1, c1 = fast.loss_and_grad(x, y)
+    l2, c2 = plain.loss_and_grad(x, y)
+    assert (l1, c1) == pytest.approx((l2, c2), rel=1e-6)
+    np.testing.assert_allclose(fast.grads, plain.grads, rtol=1e-4, atol=1e-6)
+    assert [l.phase_out for l in fast.layers if l.kind == "conv"] == [True] * 3
+    odd = Model("reference", (3, 20, 20), 5, seed=2)   # 20 -> 10 -> 5: odd
+    assert [l.phase_out for l in odd.layers if l.kind == "conv"] == [True, True, False]
+
+
 def test_seeds_give_bitwise_reproducible_training():
     def run(seed):
         m = Model("tiny", (3, 16, 16), 5, seed=seed)

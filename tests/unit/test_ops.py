@@ -153,6 +153,55 @@ def test_im2col_col2im_are_adjoint():
         assert abs(lhs - rhs) <= 1e-10 * max(1.0, abs(lhs))
 
 
+def test_phase_im2col_is_a_column_permutation():
+    # phase order: column (ph, pw, n, ho2, wo2) == plain column (n, 2*ho2+ph, 2*wo2+pw)
+    for (n, c, h, w, k, s, p) in [(2, 3, 8, 8, 3, 1, 1), (1, 2, 9, 9, 3, 2, 2),
+                                  (2, 2, 8, 12, 2, 2, 0), (1, 1, 4, 4, 1, 1, 0)]:
+        x = RNG.standard_normal((n, c, h, w))
+        plain = ops.im2col(x, k, k, s, p)
+        ph = ops.im2col(x, k, k, s, p, phase=True)
+        ho, wo = ops.conv_out_size(h, k, s, p), ops.conv_out_size(w, k, s, p)
+        ref = plain.reshape(-1, n, ho // 2, 2, wo // 2, 2).transpose(0, 3, 5, 1, 2, 4)
+        np.testing.assert_array_equal(ph.reshape(ref.shape), ref)
+    with pytest.raises(ValueError, match="even output"):
+        ops.im2col(np.zeros((1, 1, 5, 5)), 3, 3, 1, 1, phase=True)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_phase_conv_and_pool_match_the_plain_ops(ties):
+    x = RNG.standard_normal((3, 2, 8, 6)).astype(np.float32)
+    w = RNG.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(4).astype(np.float32)
+    if ties:      # whole windows and pairs of equal values
+        x = np.round(x)
+        w = np.ones_like(w)
+        x[:, :, :4, :] = 1.0
+    y, col = ops.conv2d_forward(x, w, b, 1, 1)
+    y6, col6 = ops.conv2d_forward(x, w, b, 1, 1, ws=ops.Workspace(), phase=True)
+    assert y6.shape == (4, 2, 2, 3, 4, 3)
+    ref_y, ref_am = ops.maxpool_forward(np.ascontiguousarray(y), 2, 2)
+    got_y, got_am = ops.maxpool2_phase_forward(y6, ws=ops.Workspace())
+    np.testing.assert_array_equal(got_y, ref_y)
+    np.testing.assert_array_equal(got_am.transpose(1, 0, 2, 3), ref_am)
+    _, naive_am = pool_naive(np.ascontiguousarray(y), 2, 2)
+    np.testing.assert_array_equal(got_am.transpose(1, 0, 2, 3), naive_am)
+    if ties:
+        assert (ref_am[:, :, :2] == 0).sum() > 0
+    dy = RNG.standard_normal(ref_y.shape).astype(np.float32)
+    ref_dx = ops.maxpool_backward(dy, ref_am, y.shape, 2, 2)
+    d6 = ops.maxpool2_phase_backward(dy, got_am, ws=ops.Workspace())
+    np.testing.assert_array_equal(
+        d6.reshape(4, 2, 2, 3, 4, 3).transpose(3, 0, 4, 1, 5, 2).reshape(y.shape),
+        ref_dx)
+    dw1, db1 = np.empty_like(w), np.empty_like(b)
+    dw2, db2 = np.empty_like(w), np.empty_like(b)
+    dx1 = ops.conv2d_backward(ref_dx, col, x.shape, w, 1, 1, dw1, db1)
+    dx2 = ops.conv2d_backward(d6, col6, x.shape, w, 1, 1, dw2, db2)
+    np.testing.assert_allclose(dw2, dw1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db2, db1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx2, dx1, rtol=1e-5, atol=1e-5)
+
+
 def test_conv_geometry_errors():
     x = np.zeros((1, 1, 2, 2), np.float32)
     with pytest.raises(ValueError, match="does not fit"):

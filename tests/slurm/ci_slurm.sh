@@ -2,7 +2,9 @@
 # A real one-node Slurm on localhost (Debian's slurm-wlm, no systemd, no
 # cgroups): submit slurm/cpu.sbatch, assert on its output and metrics; then
 # preempt a job with `scancel --signal=USR1` and check it checkpointed,
-# requeued itself (exit 75) and resumed. Stops the daemons at the end.
+# requeued itself (exit 75) and resumed; then run the GPU-node template (CPU
+# workers) and both multi-node templates on the one node. Stops the daemons
+# at the end.
 # Needs root. Usage: bash tests/slurm/ci_slurm.sh [VENV]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -151,4 +153,45 @@ grep -q "resuming from" "ibtmpi-$id.out" || { cat "ibtmpi-$id.out"; say "FAIL: r
 ls run2/checkpoints
 scancel "$id" || true
 say "ok: preempted job checkpointed, requeued itself and resumed"
-say "slurm: 2 passed, 0 failed"
+
+# 3) the other templates, shrunk to this one-node CPU cluster: the GPU node
+# template with CPU workers, and both multi-node launch styles on one node
+# (Slurm refuses --overcommit with --ntasks-per-node, so those get 2 ranks
+# on the 2 CPUs). Each must finish the run with the ranks it asked for.
+run_template() {   # name, run dir, ranks, sbatch options...
+    local name=$1 dir=$2 ranks=$3; shift 3
+    sed -e "s#run1#$dir#" run.toml > "$dir.toml"
+    local id
+    id=$(sbatch --parsable "$@" "$ROOT/slurm/$name" "$dir.toml")
+    wait_job "$id" >/dev/null
+    cat "ibtmpi-$id.out"
+    grep -q "final test accuracy" "ibtmpi-$id.out" || { say "FAIL: $name: no final accuracy line"; exit 1; }
+    grep -q "\"world_size\": $ranks" "$dir/summary.json" || { say "FAIL: $name: not $ranks ranks"; exit 1; }
+    say "ok: $name ran with $ranks ranks"
+}
+run_template gpu-node.sbatch run3 3 --overcommit --ntasks=3 --cpus-per-task=1 \
+    --gpus-per-node=0 --export=ALL,IBTMPI_VENV=$VENV,IBTMPI_DEVICE=cpu
+run_template multinode-srun.sbatch run4 2 --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
+    --export=ALL,IBTMPI_VENV=$VENV,IBTMPI_SRUN_MPI=pmi2
+run_template multinode-mpirun.sbatch run5 2 --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
+    --export=ALL,IBTMPI_VENV=$VENV
+
+# 4) preempting the mpirun template: --signal=B:USR1 style, the batch shell
+# catches the signal and forwards it through mpirun to the ranks
+sed -e "s#run1#run6#" -e "s#passes = 2#passes = 300#" run.toml > run6.toml
+id=$(sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
+     --export=ALL,IBTMPI_VENV=$VENV "$ROOT/slurm/multinode-mpirun.sbatch" run6.toml)
+for i in $(seq 1 120); do
+    [ -f run6/metrics.jsonl ] && [ "$(wc -l < run6/metrics.jsonl)" -ge 3 ] && break
+    sleep 1
+done
+scancel -b --signal=USR1 "$id"
+for i in $(seq 1 120); do
+    grep -q "requeueing job" "ibtmpi-$id.out" 2>/dev/null && break
+    sleep 1
+done
+scancel "$id" || true
+grep -q "exit status 75" "ibtmpi-$id.out" || { cat "ibtmpi-$id.out"; say "FAIL: mpirun template: no exit 75"; exit 1; }
+ls run6/checkpoints | grep -q ckpt- || { say "FAIL: mpirun template: no checkpoint"; exit 1; }
+say "ok: mpirun template forwarded SIGUSR1 from the batch shell, checkpointed and requeued"
+say "slurm: 6 passed, 0 failed"

@@ -226,9 +226,10 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     np.copyto(dw.reshape(f, -1), dwt.T)
     if not need_dx:
         return None
+    if stride == 1:
+        return _input_grad_on_grid(dy, w, x_shape, pad, ws)
     if phase:
-        # back to plain column order: the plain col2im's adds run along
-        # rows, the phase-order one would write every other element
+        # back to plain column order for col2im
         _, _, _, n, ho2, wo2 = dy.shape
         plain = _buf(ws, "dy2", (f, n * ho2 * 4 * wo2), dy.dtype)
         np.copyto(plain.reshape(f, n, ho2, 2, wo2, 2).transpose(0, 3, 5, 1, 2, 4),
@@ -237,6 +238,51 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     dcol = _buf(ws, "dcol", col.shape, dy.dtype)
     np.matmul(w.reshape(f, -1).T, dy2, out=dcol)      # (CKK, N*Ho*Wo)
     return col2im(dcol, x_shape, kh, kw, stride, pad, ws=ws)
+
+
+def _input_grad_on_grid(dy, w, x_shape, pad, ws):
+    """dx of a stride-1 conv (what col2im(W^T @ dy) gives), computed on the
+    padded grid so that col2im becomes kh*kw shifted adds of long
+    contiguous rows.
+
+    dy is placed on the padded input grid (F, N, Hp, Wp), zero outside the
+    Ho x Wo outputs. Grid position q = (n*Hp + ho)*Wp + wo then feeds padded
+    input cell q + i*Wp + j for kernel offset (i, j), for every n, ho, wo at
+    once, so each offset is one 2-D add of (C, ~N*Hp*Wp) contiguous rows
+    instead of N*C*Ho strided runs of Wo. The GEMM covers the grid's extra
+    border columns (zeros in dy); the adds it saves cost more (measured
+    25-35% less time for the input gradient of the reference CNN's convs).
+    dy: (N, F, Ho, Wo) any layout, or the phase array (F, 2, 2, N, Ho/2, Wo/2).
+    Returns dx (N, C, H, W) as a view of the padded (C, N, Hp, Wp) buffer.
+    """
+    n, c, h, wd = x_shape
+    f, _, kh, kw = w.shape
+    hp, wp = h + 2 * pad, wd + 2 * pad
+    ho, wo = hp - kh + 1, wp - kw + 1
+    g = _buf(ws, "dygrid", (f, n, hp, wp), w.dtype)
+    g[:, :, ho:, :] = 0
+    g[:, :, :ho, wo:] = 0
+    if dy.ndim == 6:
+        sf, sn, sh, sw = g.strides
+        dst = as_strided(g, shape=dy.shape,
+                         strides=(sf, sh, sw, sn, 2 * sh, 2 * sw))
+        np.copyto(dst, dy)
+    else:
+        np.copyto(g[:, :, :ho, :wo], dy.transpose(1, 0, 2, 3))
+    span = (kh - 1) * wp + (kw - 1)      # last reach of a kernel offset
+    lq = n * hp * wp - span              # grid positions that reach a cell
+    dcol = _buf(ws, "dcolgrid", (c * kh * kw, lq), w.dtype)
+    np.matmul(w.reshape(f, -1).T, g.reshape(f, -1)[:, :lq], out=dcol)
+    dxp = _buf(ws, "dxpadgrid", (c, n, hp, wp), w.dtype)
+    d2 = dxp.reshape(c, -1)
+    dc3 = dcol.reshape(c, kh * kw, lq)
+    np.copyto(d2[:, :lq], dc3[:, 0])     # offset (0, 0) covers [0, lq)
+    d2[:, lq:] = 0
+    for k in range(1, kh * kw):
+        i, j = divmod(k, kw)
+        off = i * wp + j
+        d2[:, off:off + lq] += dc3[:, k]
+    return dxp[:, :, pad:pad + h, pad:pad + wd].transpose(1, 0, 2, 3)
 
 
 # --------------------------------------------------------------------------
@@ -317,7 +363,7 @@ def maxpool_backward(dy, argmax, x_shape, k=2, stride=2, out=None, ws=None):
             for j in range(k):
                 dst = out[:, :, i:i + span_h:stride, j:j + span_w:stride]
                 np.equal(argmax, i * k + j, out=hit)
-                np.multiply(dy, hit, out=dst)
+                np.multiply(dy, hit.view(np.uint8), out=dst)
         return out
     out.fill(0)
     for i in range(k):
@@ -360,12 +406,17 @@ def maxpool2_phase_backward(dy, argmax, ws=None):
     of the gradient with respect to the pool's input."""
     c, n, ho, wo = argmax.shape
     dyt = dy.transpose(1, 0, 2, 3)
+    if not dyt.flags.c_contiguous:       # one strided pass, then four contiguous
+        tmp = _buf(ws, "dyt", argmax.shape, dy.dtype)
+        np.copyto(tmp, dyt)
+        dyt = tmp
     d6 = _buf(ws, "d6", (c, 2, 2, n, ho, wo), dy.dtype)
     hit = _buf(ws, "hit", argmax.shape, np.bool_)
     for i in range(2):
         for j in range(2):
             np.equal(argmax, 2 * i + j, out=hit)
-            np.multiply(dyt, hit, out=d6[:, i, j])
+            # float * uint8 runs about twice as fast as float * bool
+            np.multiply(dyt, hit.view(np.uint8), out=d6[:, i, j])
     return d6
 
 

@@ -79,15 +79,16 @@ class Conv2d(Layer):
 
     # Set by the model on a conv followed by a 2x2/stride-2 max-pool with an
     # even output: on the host the conv then hands the pool a phase array
-    # (ops.conv2d_forward), and the pool runs on contiguous blocks.
-    phase_out = False
+    # (ops.conv2d_forward), "quads" when no input gradient is needed (the
+    # pool is fastest on it, the input gradient slowest), else "rows".
+    phase_out = None
 
     def forward(self, x, train):
         self.x_shape = x.shape
         if self.phase_out and self.on_host:
             y, self.col = ops.conv2d_forward(x, self.params[0], self.params[1],
                                              self.stride, self.pad, ws=self.ws,
-                                             phase=True)
+                                             phase=self.phase_out)
             return y
         y, self.col = self.ops.conv2d_forward(x, self.params[0], self.params[1],
                                          self.stride, self.pad, ws=self.ws)
@@ -117,11 +118,16 @@ class MaxPool2d(Layer):
                 ops.conv_out_size(w, self.k, self.stride, 0))
 
     def forward(self, x, train):
-        self.phase = x.ndim == 6     # a conv's phase array (host only)
-        if self.phase:
+        self.phase = x.ndim          # 5, 6: a conv's phase array (host only)
+        if self.phase == 5:
+            c, _, n, ho, w = x.shape
+            self.x_shape = (n, c, 2 * ho, w)
+            y, self.argmax = ops.maxpool2_rows_forward(x, ws=self.ws)
+            return y
+        if self.phase == 6:
             c, _, _, n, ho, wo = x.shape
             self.x_shape = (n, c, 2 * ho, 2 * wo)
-            y, self.argmax = ops.maxpool2_phase_forward(x, ws=self.ws)
+            y, self.argmax = ops.maxpool2_quads_forward(x, ws=self.ws)
             return y
         self.x_shape = x.shape
         self.x_cnhw = ops.is_cnhw(x)
@@ -129,8 +135,10 @@ class MaxPool2d(Layer):
         return y
 
     def backward(self, dy, need_dx=True):
-        if self.phase:
-            return ops.maxpool2_phase_backward(dy, self.argmax, ws=self.ws)
+        if self.phase == 5:
+            return ops.maxpool2_rows_backward(dy, self.argmax, ws=self.ws)
+        if self.phase == 6:
+            return ops.maxpool2_quads_backward(dy, self.argmax, ws=self.ws)
         # dx gets the same memory layout as x had: when x was a conv output
         # (an NCHW view of a (C, N, H, W) buffer), the conv's backward then
         # reads dx without a transpose copy.

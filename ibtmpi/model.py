@@ -127,11 +127,14 @@ def build_layers(spec, input_shape, n_classes):
             raise ValueError(f"model.layers[{idx}] ({kind}): {err}") from None
         layers.append(layer)
         shapes.append(shape)
+    first = next((l for l in layers if l.param_shapes()), None)
     for layer, nxt, out in zip(layers, layers[1:], shapes[1:]):
         if (isinstance(layer, Conv2d) and isinstance(nxt, MaxPool2d)
                 and nxt.k == 2 and nxt.stride == 2
                 and out[1] % 2 == 0 and out[2] % 2 == 0):
-            layer.phase_out = True     # host fast path, see layers.Conv2d
+            # host fast path, see layers.Conv2d; the first parameter layer
+            # never computes an input gradient
+            layer.phase_out = "quads" if layer is first else "rows"
     if shape != (n_classes,):
         raise ValueError(f"the model's last layer gives {shape}, expected "
                          f"({n_classes},) logits; end with a linear layer")

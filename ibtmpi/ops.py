@@ -101,26 +101,35 @@ def _padded(x, pad, ws=None, name="xpad"):
 def _col_geometry(xp, kh, kw, stride, ho, wo, phase):
     """(shape, strides) of the view (C, kh, kw, <columns>) over the padded
     input (N, C, Hp, Wp) whose C-order copy is col. The columns are
-    (N, Ho, Wo), or (2, 2, N, Ho/2, Wo/2) in pooling-phase order."""
+    (N, Ho, Wo); (2, N, Ho/2, Wo) for phase "rows"; (2, 2, N, Ho/2, Wo/2)
+    for phase "quads"."""
     n, c = xp.shape[:2]
     sn, sc, sh, sw = xp.strides
     if phase:
         if ho % 2 or wo % 2:
             raise ValueError(f"phase order needs an even output, got {ho}x{wo}")
-        return ((c, kh, kw, 2, 2, n, ho // 2, wo // 2),
-                (sc, sh, sw, sh * stride, sw * stride, sn,
-                 2 * sh * stride, 2 * sw * stride))
+        if phase == "quads":
+            return ((c, kh, kw, 2, 2, n, ho // 2, wo // 2),
+                    (sc, sh, sw, sh * stride, sw * stride, sn,
+                     2 * sh * stride, 2 * sw * stride))
+        if phase != "rows":
+            raise ValueError(f"phase must be None, 'rows' or 'quads', got {phase!r}")
+        return ((c, kh, kw, 2, n, ho // 2, wo),
+                (sc, sh, sw, sh * stride, sn, 2 * sh * stride, sw * stride))
     return ((c, kh, kw, n, ho, wo),
             (sc, sh, sw, sn, sh * stride, sw * stride))
 
 
-def im2col(x, kh, kw, stride, pad, out=None, ws=None, phase=False):
+def im2col(x, kh, kw, stride, pad, out=None, ws=None, phase=None):
     """Patches of x (N, C, H, W) as col (C*kh*kw, N*Ho*Wo).
 
     Row r = (c*kh + i)*kw + j holds x[n, c, ho*s + i - p, wo*s + j - p]
     at column (n*Ho + ho)*Wo + wo (zero where the index falls in the padding).
-    phase=True orders the columns (ph, pw, n, ho2, wo2) with
-    ho = 2*ho2 + ph, wo = 2*wo2 + pw instead (see maxpool2_phase_forward).
+    Pooling-phase orders (for a 2x2/stride-2 max-pool after the conv, with
+    ho = 2*ho2 + ph, wo = 2*wo2 + pw): phase="rows" orders the columns
+    (ph, n, ho2, wo), even and odd output rows in two blocks; phase="quads"
+    orders them (ph, pw, n, ho2, wo2), the four members of every pooling
+    window in four blocks (see maxpool2_rows_forward, maxpool2_quads_forward).
     """
     n, c, h, w = x.shape
     ho = conv_out_size(h, kh, stride, pad)
@@ -164,14 +173,14 @@ def col2im(col, x_shape, kh, kw, stride, pad, out=None, ws=None):
 # --------------------------------------------------------------------------
 
 def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None,
-                   phase=False):
+                   phase=None):
     """y (N, F, Ho, Wo) = conv(x (N, C, H, W), w (F, C, kh, kw)) + b (F,).
 
     Returns (y, col); col (C*kh*kw, N*Ho*Wo) is what backward needs.
-    phase=True (host fast path for a conv followed by a 2x2/stride-2
-    max-pool) returns y as the phase array (F, 2, 2, N, Ho/2, Wo/2) that
-    maxpool2_phase_forward takes: the four members of every pooling window
-    then sit in four contiguous blocks.
+    phase (host fast path for a conv followed by a 2x2/stride-2 max-pool;
+    see im2col) returns y as a phase array instead: (F, 2, N, Ho/2, Wo) for
+    "rows", which maxpool2_rows_forward takes, or (F, 2, 2, N, Ho/2, Wo/2)
+    for "quads", which maxpool2_quads_forward takes.
     """
     n, c, h, wd = x.shape
     f, cw, kh, kw = w.shape
@@ -186,7 +195,9 @@ def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None,
     np.matmul(w.reshape(f, -1), col, out=y2)          # (F, N*Ho*Wo)
     y2 += b[:, None]
     if phase:
-        return y2.reshape(f, 2, 2, n, ho // 2, wo // 2), col
+        if phase == "quads":
+            return y2.reshape(f, 2, 2, n, ho // 2, wo // 2), col
+        return y2.reshape(f, 2, n, ho // 2, wo), col
     y = y2.reshape(f, n, ho, wo).transpose(1, 0, 2, 3)
     if out is None:
         # Zero-copy: an NCHW view of the (F, N, Ho, Wo) buffer. Downstream
@@ -201,12 +212,12 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
                     ws=None):
     """Gradients of conv2d_forward.
 
-    dy (N, F, Ho, Wo), or the phase array (F, 2, 2, N, Ho/2, Wo/2) when
-    forward ran with phase=True; col from forward; writes dw (F, C, kh, kw)
+    dy (N, F, Ho, Wo), or the phase array (5-D "rows", 6-D "quads") when
+    forward ran with a phase; col from forward; writes dw (F, C, kh, kw)
     and db (F,) in place (overwrites); returns dx (N, C, H, W) or None.
     """
     kh, kw = w.shape[2], w.shape[3]
-    phase = dy.ndim == 6
+    phase = dy.ndim > 4
     if phase:
         f = dy.shape[0]
         dy2 = dy.reshape(f, -1)
@@ -230,14 +241,35 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
         return _input_grad_on_grid(dy, w, x_shape, pad, ws)
     if phase:
         # back to plain column order for col2im
-        _, _, _, n, ho2, wo2 = dy.shape
-        plain = _buf(ws, "dy2", (f, n * ho2 * 4 * wo2), dy.dtype)
-        np.copyto(plain.reshape(f, n, ho2, 2, wo2, 2).transpose(0, 3, 5, 1, 2, 4),
-                  dy)
+        plain = _buf(ws, "dy2", (f, dy.size // f), dy.dtype)
+        n, _, ho, wo = _plain_shape(dy)
+        np.copyto(_phase_view(plain.reshape(f, n, ho, wo), dy.ndim, ho, wo), dy)
         dy2 = plain
     dcol = _buf(ws, "dcol", col.shape, dy.dtype)
     np.matmul(w.reshape(f, -1).T, dy2, out=dcol)      # (CKK, N*Ho*Wo)
     return col2im(dcol, x_shape, kh, kw, stride, pad, ws=ws)
+
+
+def _plain_shape(dy):
+    """(N, F, Ho, Wo) of a phase array."""
+    if dy.ndim == 6:
+        f, _, _, n, ho2, wo2 = dy.shape
+        return n, f, 2 * ho2, 2 * wo2
+    f, _, n, ho2, wo = dy.shape
+    return n, f, 2 * ho2, wo
+
+
+def _phase_view(g, ndim, ho, wo):
+    """View of the top-left (Ho, Wo) of g (F, N, >=Ho, >=Wo) in the order of
+    a ndim-D phase array: copying the phase array into it puts every element
+    at its place."""
+    sf, sn, sh, sw = g.strides
+    f, n = g.shape[:2]
+    if ndim == 6:
+        return as_strided(g, shape=(f, 2, 2, n, ho // 2, wo // 2),
+                          strides=(sf, sh, sw, sn, 2 * sh, 2 * sw))
+    return as_strided(g, shape=(f, 2, n, ho // 2, wo),
+                      strides=(sf, sh, sn, 2 * sh, sw))
 
 
 def _input_grad_on_grid(dy, w, x_shape, pad, ws):
@@ -252,7 +284,7 @@ def _input_grad_on_grid(dy, w, x_shape, pad, ws):
     instead of N*C*Ho strided runs of Wo. The GEMM covers the grid's extra
     border columns (zeros in dy); the adds it saves cost more (measured
     25-35% less time for the input gradient of the reference CNN's convs).
-    dy: (N, F, Ho, Wo) any layout, or the phase array (F, 2, 2, N, Ho/2, Wo/2).
+    dy: (N, F, Ho, Wo) any layout, or a phase array (see conv2d_backward).
     Returns dx (N, C, H, W) as a view of the padded (C, N, Hp, Wp) buffer.
     """
     n, c, h, wd = x_shape
@@ -262,11 +294,8 @@ def _input_grad_on_grid(dy, w, x_shape, pad, ws):
     g = _buf(ws, "dygrid", (f, n, hp, wp), w.dtype)
     g[:, :, ho:, :] = 0
     g[:, :, :ho, wo:] = 0
-    if dy.ndim == 6:
-        sf, sn, sh, sw = g.strides
-        dst = as_strided(g, shape=dy.shape,
-                         strides=(sf, sh, sw, sn, 2 * sh, 2 * sw))
-        np.copyto(dst, dy)
+    if dy.ndim > 4:
+        np.copyto(_phase_view(g, dy.ndim, ho, wo), dy)
     else:
         np.copyto(g[:, :, :ho, :wo], dy.transpose(1, 0, 2, 3))
     span = (kh - 1) * wp + (kw - 1)      # last reach of a kernel offset
@@ -374,9 +403,64 @@ def maxpool_backward(dy, argmax, x_shape, k=2, stride=2, out=None, ws=None):
     return out
 
 
-def maxpool2_phase_forward(y6, ws=None):
-    """2x2/stride-2 max-pool of a phase array (C, 2, 2, N, Ho, Wo) (see
-    conv2d_forward): four contiguous passes instead of strided ones.
+def maxpool2_rows_forward(y5, ws=None):
+    """2x2/stride-2 max-pool of a row-phase array (C, 2, N, Ho, W) (see
+    conv2d_forward): the window's two rows come as two contiguous blocks,
+    so the vertical half of the pool runs on contiguous arrays and only
+    the horizontal half (on half as many elements) reads stride-2 views.
+
+    Returns (out, argmax) with maxpool_forward's meaning: out (N, C, Ho, W/2)
+    as an NCHW view of a (C, N, Ho, W/2) buffer, argmax (C, N, Ho, W/2) uint8
+    holding the offset i*2 + j of the first maximum in row-major order.
+    """
+    c, _, n, ho, w = y5.shape
+    wo = w // 2
+    half, quarter = (c, n, ho, w), (c, n, ho, wo)
+    top, bot = y5[:, 0], y5[:, 1]
+    vm = np.greater(bot, top, out=_buf(ws, "vm", half, np.bool_))   # row 1 wins
+    v = np.maximum(top, bot, out=_buf(ws, "v", half, y5.dtype))
+    vl, vr, ml, mr = v[..., 0::2], v[..., 1::2], vm[..., 0::2], vm[..., 1::2]
+    out = np.maximum(vl, vr, out=_buf(ws, "y", quarter, y5.dtype))
+    hm = np.greater(vr, vl, out=_buf(ws, "hm", quarter, np.bool_))   # column 1 wins
+    # On a tie between the columns the first maximum in row-major order is
+    # in column 1 only when that column's winner is offset 1 (row 0) and
+    # column 0's is offset 2 (row 1).
+    eq = np.equal(vr, vl, out=_buf(ws, "eq", quarter, np.bool_))
+    t = np.greater(ml, mr, out=_buf(ws, "t", quarter, np.bool_))     # ml and not mr
+    np.logical_and(eq, t, out=eq)
+    np.logical_or(hm, eq, out=hm)
+    # winner's row: hm ? mr : ml
+    np.logical_xor(ml, mr, out=t)
+    np.logical_and(t, hm, out=t)
+    np.logical_xor(t, ml, out=t)
+    argmax = _buf(ws, "argmax", quarter, np.uint8)
+    np.add(t.view(np.uint8), t.view(np.uint8), out=argmax)
+    argmax += hm.view(np.uint8)
+    return out.transpose(1, 0, 2, 3), argmax
+
+
+def maxpool2_rows_backward(dy, argmax, ws=None):
+    """dy (N, C, Ho, Wo), any layout -> the row-phase array (C, 2, N, Ho, 2*Wo)
+    of the gradient with respect to the pool's input."""
+    c, n, ho, wo = argmax.shape
+    dyt = dy.transpose(1, 0, 2, 3)
+    if not dyt.flags.c_contiguous:       # one strided pass, then contiguous reads
+        tmp = _buf(ws, "dyt", argmax.shape, dy.dtype)
+        np.copyto(tmp, dyt)
+        dyt = tmp
+    d5 = _buf(ws, "d5", (c, 2, n, ho, 2 * wo), dy.dtype)
+    hit = _buf(ws, "hit", argmax.shape, np.bool_)
+    for i in range(2):
+        for j in range(2):
+            np.equal(argmax, 2 * i + j, out=hit)
+            # float * uint8 runs about twice as fast as float * bool
+            np.multiply(dyt, hit.view(np.uint8), out=d5[:, i, ..., j::2])
+    return d5
+
+
+def maxpool2_quads_forward(y6, ws=None):
+    """2x2/stride-2 max-pool of a quads phase array (C, 2, 2, N, Ho, Wo) (see
+    conv2d_forward): every pass is contiguous.
 
     Returns (out, argmax) with maxpool_forward's meaning: out (N, C, Ho, Wo)
     as an NCHW view of a (C, N, Ho, Wo) buffer, argmax (C, N, Ho, Wo) uint8
@@ -401,8 +485,8 @@ def maxpool2_phase_forward(y6, ws=None):
     return out.transpose(1, 0, 2, 3), argmax
 
 
-def maxpool2_phase_backward(dy, argmax, ws=None):
-    """dy (N, C, Ho, Wo), any layout -> the phase array (C, 2, 2, N, Ho, Wo)
+def maxpool2_quads_backward(dy, argmax, ws=None):
+    """dy (N, C, Ho, Wo), any layout -> the quads phase array (C, 2, 2, N, Ho, Wo)
     of the gradient with respect to the pool's input."""
     c, n, ho, wo = argmax.shape
     dyt = dy.transpose(1, 0, 2, 3)

@@ -153,22 +153,42 @@ def test_im2col_col2im_are_adjoint():
         assert abs(lhs - rhs) <= 1e-10 * max(1.0, abs(lhs))
 
 
-def test_phase_im2col_is_a_column_permutation():
-    # phase order: column (ph, pw, n, ho2, wo2) == plain column (n, 2*ho2+ph, 2*wo2+pw)
+def _unphase(a):
+    """Phase array ((F, 2, N, Ho/2, Wo) "rows" or (F, 2, 2, N, Ho/2, Wo/2)
+    "quads") -> plain (N, F, Ho, Wo), by index arithmetic."""
+    if a.ndim == 5:
+        f, _, n, h2, w = a.shape
+        return a.transpose(2, 0, 3, 1, 4).reshape(n, f, 2 * h2, w)
+    f, _, _, n, h2, w2 = a.shape
+    return a.transpose(3, 0, 4, 1, 5, 2).reshape(n, f, 2 * h2, 2 * w2)
+
+
+PHASES = {"rows": (ops.maxpool2_rows_forward, ops.maxpool2_rows_backward),
+          "quads": (ops.maxpool2_quads_forward, ops.maxpool2_quads_backward)}
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_phase_im2col_is_a_column_permutation(phase):
     for (n, c, h, w, k, s, p) in [(2, 3, 8, 8, 3, 1, 1), (1, 2, 9, 9, 3, 2, 2),
                                   (2, 2, 8, 12, 2, 2, 0), (1, 1, 4, 4, 1, 1, 0)]:
         x = RNG.standard_normal((n, c, h, w))
         plain = ops.im2col(x, k, k, s, p)
-        ph = ops.im2col(x, k, k, s, p, phase=True)
+        ph = ops.im2col(x, k, k, s, p, phase=phase)
         ho, wo = ops.conv_out_size(h, k, s, p), ops.conv_out_size(w, k, s, p)
-        ref = plain.reshape(-1, n, ho // 2, 2, wo // 2, 2).transpose(0, 3, 5, 1, 2, 4)
-        np.testing.assert_array_equal(ph.reshape(ref.shape), ref)
+        shape = ((-1, 2, n, ho // 2, wo) if phase == "rows"
+                 else (-1, 2, 2, n, ho // 2, wo // 2))
+        np.testing.assert_array_equal(
+            _unphase(ph.reshape(shape)).transpose(1, 0, 2, 3).reshape(plain.shape),
+            plain)
     with pytest.raises(ValueError, match="even output"):
-        ops.im2col(np.zeros((1, 1, 5, 5)), 3, 3, 1, 1, phase=True)
+        ops.im2col(np.zeros((1, 1, 5, 5)), 3, 3, 1, 1, phase=phase)
+    with pytest.raises(ValueError, match="phase must be"):
+        ops.im2col(np.zeros((1, 1, 4, 4)), 3, 3, 1, 1, phase="cols")
 
 
+@pytest.mark.parametrize("phase", sorted(PHASES))
 @pytest.mark.parametrize("ties", [False, True])
-def test_phase_conv_and_pool_match_the_plain_ops(ties):
+def test_phase_conv_and_pool_match_the_plain_ops(phase, ties):
     x = RNG.standard_normal((3, 2, 8, 6)).astype(np.float32)
     w = RNG.standard_normal((4, 2, 3, 3)).astype(np.float32)
     b = RNG.standard_normal(4).astype(np.float32)
@@ -176,30 +196,64 @@ def test_phase_conv_and_pool_match_the_plain_ops(ties):
         x = np.round(x)
         w = np.ones_like(w)
         x[:, :, :4, :] = 1.0
+    fwd, bwd = PHASES[phase]
     y, col = ops.conv2d_forward(x, w, b, 1, 1)
-    y6, col6 = ops.conv2d_forward(x, w, b, 1, 1, ws=ops.Workspace(), phase=True)
-    assert y6.shape == (4, 2, 2, 3, 4, 3)
-    ref_y, ref_am = ops.maxpool_forward(np.ascontiguousarray(y), 2, 2)
-    got_y, got_am = ops.maxpool2_phase_forward(y6, ws=ops.Workspace())
+    yp, colp = ops.conv2d_forward(x, w, b, 1, 1, ws=ops.Workspace(), phase=phase)
+    assert yp.shape == ((4, 2, 3, 4, 6) if phase == "rows" else (4, 2, 2, 3, 4, 3))
+    np.testing.assert_allclose(_unphase(yp), y, rtol=1e-5, atol=1e-5)
+    y = _unphase(yp)      # the same numbers as the phase path pools
+    ref_y, ref_am = ops.maxpool_forward(y, 2, 2)
+    got_y, got_am = fwd(yp, ws=ops.Workspace())
     np.testing.assert_array_equal(got_y, ref_y)
     np.testing.assert_array_equal(got_am.transpose(1, 0, 2, 3), ref_am)
-    _, naive_am = pool_naive(np.ascontiguousarray(y), 2, 2)
-    np.testing.assert_array_equal(got_am.transpose(1, 0, 2, 3), naive_am)
+    _, naive_am = pool_naive(y, 2, 2)
+    np.testing.assert_array_equal(ref_am, naive_am)
     if ties:
         assert (ref_am[:, :, :2] == 0).sum() > 0
     dy = RNG.standard_normal(ref_y.shape).astype(np.float32)
     ref_dx = ops.maxpool_backward(dy, ref_am, y.shape, 2, 2)
-    d6 = ops.maxpool2_phase_backward(dy, got_am, ws=ops.Workspace())
-    np.testing.assert_array_equal(
-        d6.reshape(4, 2, 2, 3, 4, 3).transpose(3, 0, 4, 1, 5, 2).reshape(y.shape),
-        ref_dx)
+    dp = bwd(dy, got_am, ws=ops.Workspace())
+    np.testing.assert_array_equal(_unphase(dp), ref_dx)
     dw1, db1 = np.empty_like(w), np.empty_like(b)
     dw2, db2 = np.empty_like(w), np.empty_like(b)
     dx1 = ops.conv2d_backward(ref_dx, col, x.shape, w, 1, 1, dw1, db1)
-    dx2 = ops.conv2d_backward(d6, col6, x.shape, w, 1, 1, dw2, db2)
+    dx2 = ops.conv2d_backward(dp, colp, x.shape, w, 1, 1, dw2, db2)
     np.testing.assert_allclose(dw2, dw1, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(db2, db1, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dx2, dx1, rtol=1e-5, atol=1e-5)
+    # a stride-2 conv takes the col2im route back from a phase array
+    x2 = RNG.standard_normal((2, 2, 9, 9)).astype(np.float32)
+    y2, c2 = ops.conv2d_forward(x2, w, b, 2, 2)
+    y2p, c2p = ops.conv2d_forward(x2, w, b, 2, 2, ws=ops.Workspace(), phase=phase)
+    g = RNG.standard_normal(y2.shape).astype(np.float32)
+    gp = np.empty_like(y2p)
+    idx = _unphase(np.arange(y2p.size).reshape(y2p.shape))
+    gp.reshape(-1)[idx.reshape(-1)] = g.reshape(-1)
+    np.testing.assert_array_equal(_unphase(gp), g)
+    d1 = ops.conv2d_backward(g, c2, x2.shape, w, 2, 2, dw1, db1)
+    d2 = ops.conv2d_backward(gp, c2p, x2.shape, w, 2, 2, dw2, db2)
+    np.testing.assert_allclose(d2, d1, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw2, dw1, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_phase_pool_breaks_every_tie_like_the_naive_loop(phase):
+    # every 2x2 window over the values {0, 1, 2}: 81 windows side by side
+    import itertools
+    wins = np.array(list(itertools.product(range(3), repeat=4)), np.float32)
+    x = np.zeros((1, 1, 2, 2 * len(wins)), np.float32)
+    x[0, 0, 0, 0::2], x[0, 0, 0, 1::2] = wins[:, 0], wins[:, 1]
+    x[0, 0, 1, 0::2], x[0, 0, 1, 1::2] = wins[:, 2], wins[:, 3]
+    if phase == "rows":
+        yp = x.transpose(1, 2, 0, 3)[:, :, :, None, :]          # (C, 2, N, 1, W)
+    else:
+        yp = x.reshape(1, 1, 2, -1, 2).transpose(1, 2, 4, 0, 3)[:, :, :, :, None, :]
+    yp = np.ascontiguousarray(yp)
+    np.testing.assert_array_equal(_unphase(yp), x)
+    y, am = PHASES[phase][0](yp)
+    ref, ref_am = pool_naive(x, 2, 2)
+    np.testing.assert_array_equal(y, ref)
+    np.testing.assert_array_equal(am.transpose(1, 0, 2, 3), ref_am)
 
 
 def test_conv_geometry_errors():

@@ -439,22 +439,29 @@ def maxpool2_rows_forward(y5, ws=None):
     return out.transpose(1, 0, 2, 3), argmax
 
 
-def maxpool2_rows_backward(dy, argmax, ws=None):
-    """dy (N, C, Ho, Wo), any layout -> the row-phase array (C, 2, N, Ho, 2*Wo)
-    of the gradient with respect to the pool's input."""
-    c, n, ho, wo = argmax.shape
+def _route_to_phases(dy, argmax, out, ws):
+    """out[i][j] = dy where argmax == 2*i + j else 0, for a phase array's
+    four (C, N, Ho, Wo)-shaped window-member views out[i][j]."""
     dyt = dy.transpose(1, 0, 2, 3)
     if not dyt.flags.c_contiguous:       # one strided pass, then contiguous reads
         tmp = _buf(ws, "dyt", argmax.shape, dy.dtype)
         np.copyto(tmp, dyt)
         dyt = tmp
-    d5 = _buf(ws, "d5", (c, 2, n, ho, 2 * wo), dy.dtype)
     hit = _buf(ws, "hit", argmax.shape, np.bool_)
     for i in range(2):
         for j in range(2):
             np.equal(argmax, 2 * i + j, out=hit)
             # float * uint8 runs about twice as fast as float * bool
-            np.multiply(dyt, hit.view(np.uint8), out=d5[:, i, ..., j::2])
+            np.multiply(dyt, hit.view(np.uint8), out=out[i][j])
+
+
+def maxpool2_rows_backward(dy, argmax, ws=None):
+    """dy (N, C, Ho, Wo), any layout -> the row-phase array (C, 2, N, Ho, 2*Wo)
+    of the gradient with respect to the pool's input."""
+    c, n, ho, wo = argmax.shape
+    d5 = _buf(ws, "d5", (c, 2, n, ho, 2 * wo), dy.dtype)
+    _route_to_phases(dy, argmax, [[d5[:, i, ..., j::2] for j in range(2)]
+                                  for i in range(2)], ws)
     return d5
 
 
@@ -489,18 +496,9 @@ def maxpool2_quads_backward(dy, argmax, ws=None):
     """dy (N, C, Ho, Wo), any layout -> the quads phase array (C, 2, 2, N, Ho, Wo)
     of the gradient with respect to the pool's input."""
     c, n, ho, wo = argmax.shape
-    dyt = dy.transpose(1, 0, 2, 3)
-    if not dyt.flags.c_contiguous:       # one strided pass, then four contiguous
-        tmp = _buf(ws, "dyt", argmax.shape, dy.dtype)
-        np.copyto(tmp, dyt)
-        dyt = tmp
     d6 = _buf(ws, "d6", (c, 2, 2, n, ho, wo), dy.dtype)
-    hit = _buf(ws, "hit", argmax.shape, np.bool_)
-    for i in range(2):
-        for j in range(2):
-            np.equal(argmax, 2 * i + j, out=hit)
-            # float * uint8 runs about twice as fast as float * bool
-            np.multiply(dyt, hit.view(np.uint8), out=d6[:, i, j])
+    _route_to_phases(dy, argmax, [[d6[:, i, j] for j in range(2)]
+                                  for i in range(2)], ws)
     return d6
 
 

@@ -8,9 +8,22 @@ finite-difference tests); nothing up-casts silently.
 
 Speed comes from doing ONE large GEMM per conv per pass: ``im2col`` lays the
 patches out as ``col`` (C*kh*kw, N*Ho*Wo), so the forward product
-``W2 (F, CKK) @ col`` covers the whole batch; only the small output
-(F, N, Ho*Wo) is transposed back to NCHW. ``col2im`` scatters by looping
-over the kh*kw kernel offsets with strided slice-adds (never np.add.at).
+``W2 (F, CKK) @ col`` covers the whole batch, and the output is handed on
+as an NCHW view of the (F, N, Ho, Wo) result (no transpose copy). ``col2im``
+scatters by looping over the kh*kw kernel offsets with strided slice-adds
+(never np.add.at).
+
+Host-only refinements (the layers use them; the CUDA kernels mirror the
+plain versions, which stay the reference):
+- a conv followed by a 2x2/stride-2 max-pool orders its GEMM columns by
+  pooling phase (``phase="rows"`` or ``"quads"``, see ``im2col``), so the
+  pool reads contiguous blocks instead of stride-2 views;
+- a stride-1 conv computes its input gradient on the padded grid
+  (``_input_grad_on_grid``): col2im becomes kh*kw shifted adds of long
+  contiguous rows.
+NumPy's element-wise loops run 5-10x slower on short strided runs than on
+contiguous ones on the development machine, and most of these choices
+follow from that (measured figures in docs/benchmarks.md).
 
 Callers may pass ``out=``/scratch buffers so a training step allocates
 nothing; ``Workspace`` keeps such buffers keyed by name and shape.
@@ -43,6 +56,17 @@ class Workspace:
             buf.fill(0)
         return buf
 
+    def shared(self, name, shape, dtype):
+        """A buffer of this shape carved from the front of one flat buffer
+        that grows to the largest request under this name: callers that
+        never need two of its shapes at once share the memory."""
+        n = int(np.prod(shape))
+        buf = self._bufs.get(name)
+        if buf is None or buf.size < n or buf.dtype != dtype:
+            buf = np.empty(n, dtype)
+            self._bufs[name] = buf
+        return buf[:n].reshape(shape)
+
     def nbytes(self):
         return sum(b.nbytes for b in self._bufs.values())
 
@@ -51,6 +75,12 @@ def _buf(ws, name, shape, dtype, zero=False):
     if ws is None:
         return np.zeros(shape, dtype) if zero else np.empty(shape, dtype)
     return ws.get(name, shape, dtype, zero)
+
+
+def _shared(ws, name, shape, dtype):
+    if ws is None:
+        return np.empty(shape, dtype)
+    return ws.shared(name, shape, dtype)
 
 
 def is_cnhw(x):
@@ -189,7 +219,12 @@ def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None,
     ho = conv_out_size(h, kh, stride, pad)
     wo = conv_out_size(wd, kw, stride, pad)
     if col is None:
-        col = _buf(ws, "col", (c * kh * kw, n * ho * wo), x.dtype)
+        if ws is not None and stride == 1:
+            # reserve room for the input gradient's dcol too (it takes col's
+            # memory in backward), so that the buffer never grows mid-step
+            ws.shared("col", (c * kh * kw * max(n * ho * wo, _grid_cols(
+                x.shape, kh, kw, pad)),), x.dtype)
+        col = _shared(ws, "col", (c * kh * kw, n * ho * wo), x.dtype)
     im2col(x, kh, kw, stride, pad, out=col, ws=ws, phase=phase)
     y2 = _buf(ws, "y2", (f, n * ho * wo), x.dtype)
     np.matmul(w.reshape(f, -1), col, out=y2)          # (F, N*Ho*Wo)
@@ -215,6 +250,8 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     dy (N, F, Ho, Wo), or the phase array (5-D "rows", 6-D "quads") when
     forward ran with a phase; col from forward; writes dw (F, C, kh, kw)
     and db (F,) in place (overwrites); returns dx (N, C, H, W) or None.
+    With a ws, the input gradient reuses col's memory: one backward per
+    forward.
     """
     kh, kw = w.shape[2], w.shape[3]
     phase = dy.ndim > 4
@@ -272,6 +309,13 @@ def _phase_view(g, ndim, ho, wo):
                       strides=(sf, sh, sn, 2 * sh, sw))
 
 
+def _grid_cols(x_shape, kh, kw, pad):
+    """Padded-grid positions whose kernel window stays inside the grid."""
+    n, _, h, w = x_shape
+    hp, wp = h + 2 * pad, w + 2 * pad
+    return n * hp * wp - ((kh - 1) * wp + (kw - 1))
+
+
 def _input_grad_on_grid(dy, w, x_shape, pad, ws):
     """dx of a stride-1 conv (what col2im(W^T @ dy) gives), computed on the
     padded grid so that col2im becomes kh*kw shifted adds of long
@@ -298,9 +342,9 @@ def _input_grad_on_grid(dy, w, x_shape, pad, ws):
         np.copyto(_phase_view(g, dy.ndim, ho, wo), dy)
     else:
         np.copyto(g[:, :, :ho, :wo], dy.transpose(1, 0, 2, 3))
-    span = (kh - 1) * wp + (kw - 1)      # last reach of a kernel offset
-    lq = n * hp * wp - span              # grid positions that reach a cell
-    dcol = _buf(ws, "dcolgrid", (c * kh * kw, lq), w.dtype)
+    lq = _grid_cols(x_shape, kh, kw, pad)
+    # col is spent once dW is computed: its memory takes dcol
+    dcol = _shared(ws, "col", (c * kh * kw, lq), w.dtype)
     np.matmul(w.reshape(f, -1).T, g.reshape(f, -1)[:, :lq], out=dcol)
     dxp = _buf(ws, "dxpadgrid", (c, n, hp, wp), w.dtype)
     d2 = dxp.reshape(c, -1)

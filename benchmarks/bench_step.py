@@ -4,10 +4,12 @@
 One training step = forward + backward + SGD-momentum update of the reference
 CNN at batch 64 (configurable), for 64x64x3 and 32x32x3 inputs, at 1 and 2
 BLAS threads. Each (engine, size, threads) measurement runs in its own
-subprocess (so peak RSS is per engine) and the engines alternate, repeated
---reps times, so machine noise hits both alike; medians are reported. Also
-prints achieved GFLOP/s (FLOPs counted from the layer shapes) against sgemm
-measured in the same run at the same thread count.
+subprocess (so peak RSS is per engine); every repetition measures sgemm,
+ours and PyTorch back to back, so machine noise hits all three alike. The
+ratio and the sgemm share are medians of the per-repetition values (with
+their min-max range); images/s are medians. GFLOP/s counts the FLOPs from
+the layer shapes; sgemm is a 1024^3 single-precision GEMM at the same
+thread count.
 
 Usage: python benchmarks/bench_step.py [--reps 3] [--steps 10] [--json out.json]
 Needs the 'bench' extra (torch==2.13.0, CPU build) for the PyTorch column.
@@ -112,24 +114,29 @@ def main():
     engines = ["ours"] if args.no_torch else ["ours", "torch"]
     sizes = [int(s) for s in args.sizes.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
-    sgemm = {t: _sgemm(t) for t in threads}
     rows = []
     for size in sizes:
         for t in threads:
             res = {e: [] for e in engines}
+            sgemm = []
             for _ in range(args.reps):
-                for e in engines:      # alternate: noise hits both alike
+                sgemm.append(_sgemm(t))
+                for e in engines:      # back to back: noise hits all alike
                     res[e].append(_run(e, size, t, args))
-            row = {"size": size, "threads": t, "batch": args.batch,
-                   "sgemm_gflops": sgemm[t]}
+            fl = res["ours"][0]["flops_per_img"]
+            shares = [r["img_s"] * fl / 1e9 / g for r, g in zip(res["ours"], sgemm)]
+            row = {"size": size, "threads": t, "batch": args.batch, "reps": args.reps,
+                   "sgemm_gflops": statistics.median(sgemm),
+                   "sgemm_share": statistics.median(shares),
+                   "sgemm_share_range": [min(shares), max(shares)]}
             for e in engines:
                 row[e + "_img_s"] = statistics.median(r["img_s"] for r in res[e])
                 row[e + "_rss_mib"] = max(r["peak_rss_mib"] for r in res[e])
-            fl = res["ours"][0]["flops_per_img"]
             row["gflops"] = row["ours_img_s"] * fl / 1e9
-            row["sgemm_share"] = row["gflops"] / sgemm[t]
             if "torch" in engines:
-                row["ratio"] = row["ours_img_s"] / row["torch_img_s"]
+                ratios = [a["img_s"] / b["img_s"] for a, b in zip(res["ours"], res["torch"])]
+                row["ratio"] = statistics.median(ratios)
+                row["ratio_range"] = [min(ratios), max(ratios)]
             rows.append(row)
             print(_fmt(row, "torch" in engines), flush=True)
     if args.json:
@@ -146,14 +153,16 @@ def _fmt(r, torch):
     head = ""
     if not _header_printed:
         _header_printed = True
-        head = ("| input | threads | ours img/s | torch img/s | ours/torch | "
-                "GFLOP/s | sgemm GFLOP/s | share | ours RSS MiB | torch RSS MiB |\n"
+        head = ("| input | threads | ours img/s | torch img/s | ours/torch (range) | "
+                "GFLOP/s | sgemm GFLOP/s | share (range) | ours RSS MiB | torch RSS MiB |\n"
                 "|---|---|---|---|---|---|---|---|---|---|\n")
-    t = (f"{r['torch_img_s']:.1f} | {r['ratio']:.2f}" if torch else "- | -")
+    t = (f"{r['torch_img_s']:.1f} | {r['ratio']:.2f} ({r['ratio_range'][0]:.2f}-"
+         f"{r['ratio_range'][1]:.2f})" if torch else "- | -")
     tr = f"{r['torch_rss_mib']:.0f}" if torch else "-"
+    lo, hi = r["sgemm_share_range"]
     return (head + f"| {r['size']}x{r['size']}x3 | {r['threads']} | "
             f"{r['ours_img_s']:.1f} | {t} | {r['gflops']:.1f} | "
-            f"{r['sgemm_gflops']:.1f} | {r['sgemm_share']:.0%} | "
+            f"{r['sgemm_gflops']:.1f} | {r['sgemm_share']:.0%} ({lo:.0%}-{hi:.0%}) | "
             f"{r['ours_rss_mib']:.0f} | {tr} |")
 
 

@@ -67,8 +67,10 @@ def build_parser():
     p.add_argument("--resume", action="store_true",
                    help="require a checkpoint to resume from (default: resume "
                         "automatically when the run directory has a matching one)")
-    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                   help="compute device of the workers (default cpu)")
+    p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu",
+                   help="compute device of the workers: gpu (an error where CuPy "
+                        "or a GPU is missing), auto (gpu where CuPy sees one, "
+                        "else cpu) or cpu (default)")
     p.add_argument("--quiet", action="store_true")
 
     p = sub.add_parser("evaluate", help="accuracy, per-class P/R/F1, confusion matrix",
@@ -81,7 +83,8 @@ def build_parser():
     p.add_argument("--split", default="test")
     p.add_argument("--out", help="directory for report.json, report.txt and "
                    "confusion.png (default: print only)")
-    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu",
+                   help="as for train")
 
     p = sub.add_parser("predict", help="class and probabilities for image files",
                        description="Predict image files or folders with exactly the "
@@ -214,10 +217,23 @@ def cmd_demo(args):
     return subprocess.call(cmd)
 
 
+def _device(asked, log):
+    """cpu | gpu for --device asked: gpu raises DeviceError where CuPy or a
+    GPU is missing (never a silent fallback); auto picks gpu where CuPy
+    sees one and says when it falls back to the CPU."""
+    if asked == "cpu":
+        return "cpu"
+    from .backend import gpu_status, select
+    device = select(asked)
+    if asked == "auto" and device == "cpu":
+        log(f"--device auto: computing on the CPU ({gpu_status()[1]})")
+    return device
+
+
 def cmd_train(args):
     import os
     from . import comm, threads
-    from .backend import DeviceError, select
+    from .backend import DeviceError
     from .checkpoint import CheckpointError
     from .config import ConfigError, load
     from .dataset import DatasetError
@@ -250,8 +266,7 @@ def cmd_train(args):
             raise ConfigError("--simulate runs N logical workers in ONE process; "
                               "launch it without mpiexec")
         device_ops = None
-        if args.device == "gpu":
-            select("gpu")                 # explicit error where there is no GPU
+        if _device(args.device, log) == "gpu":
             local = comm.worker_local_rank()
             if local >= 0 or args.simulate:   # the master needs no GPU
                 from .backend import GpuOps, bind_worker_gpu
@@ -340,9 +355,8 @@ def cmd_evaluate(args):
                              f"{tm.image_shape} (H, W, C); re-import with "
                              f"`ibtmpi prep ... --size {tm.image_shape[0]}`")
         sp = ds.split(args.split)
-        if args.device == "gpu":
-            from .backend import GpuOps, bind_worker_gpu, select
-            select("gpu")
+        if _device(args.device, lambda m: rank == 0 and print(m, file=sys.stderr)) == "gpu":
+            from .backend import GpuOps, bind_worker_gpu
             bind_worker_gpu(comm.node_rank_size()[0])
             tm = tm.to_device(GpuOps())
     except (TrainedModelError, DatasetError, UsageError) as e:

@@ -213,3 +213,17 @@ def test_mpi_run_killed_and_resumed_equals_uninterrupted(small_dataset, tmp_path
     za = np.load(tmp_path / "a" / "model.npz", allow_pickle=False)["z"]
     zb = np.load(tmp_path / "b" / "model.npz", allow_pickle=False)["z"]
     assert za.tobytes() == zb.tobytes()
+
+
+def test_device_auto_without_gpu_trains_on_cpu_and_says_so(small_dataset, tmp_path, capsys):
+    from ibtmpi import backend
+    if backend.gpu_status()[0]:
+        pytest.skip("this machine has a GPU")
+    run = tmp_path / "run"
+    rc = main(["train", "--quiet", "--device", "auto", "--set", f"data.path={small_dataset}",
+               "--set", f"run.dir={run}", "--set", "model.layers=tiny",
+               "--set", "data.split_size=40"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "--device auto: computing on the CPU (" in out
+    assert (run / "model.npz").exists()

@@ -119,15 +119,11 @@ class MaxPool2d(Layer):
 
     def forward(self, x, train):
         self.phase = x.ndim          # 5, 6: a conv's phase array (host only)
-        if self.phase == 5:
-            c, _, n, ho, w = x.shape
-            self.x_shape = (n, c, 2 * ho, w)
-            y, self.argmax = ops.maxpool2_rows_forward(x, ws=self.ws)
-            return y
-        if self.phase == 6:
-            c, _, _, n, ho, wo = x.shape
-            self.x_shape = (n, c, 2 * ho, 2 * wo)
-            y, self.argmax = ops.maxpool2_quads_forward(x, ws=self.ws)
+        if self.phase > 4:
+            self.x_shape = ops.phase_plain_shape(x)
+            fwd = (ops.maxpool2_rows_forward if self.phase == 5
+                   else ops.maxpool2_quads_forward)
+            y, self.argmax = fwd(x, ws=self.ws)
             return y
         self.x_shape = x.shape
         self.x_cnhw = ops.is_cnhw(x)
@@ -135,10 +131,10 @@ class MaxPool2d(Layer):
         return y
 
     def backward(self, dy, need_dx=True):
-        if self.phase == 5:
-            return ops.maxpool2_rows_backward(dy, self.argmax, ws=self.ws)
-        if self.phase == 6:
-            return ops.maxpool2_quads_backward(dy, self.argmax, ws=self.ws)
+        if self.phase > 4:
+            bwd = (ops.maxpool2_rows_backward if self.phase == 5
+                   else ops.maxpool2_quads_backward)
+            return bwd(dy, self.argmax, ws=self.ws)
         # dx gets the same memory layout as x had: when x was a conv output
         # (an NCHW view of a (C, N, H, W) buffer), the conv's backward then
         # reads dx without a transpose copy.

@@ -279,7 +279,7 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     if phase:
         # back to plain column order for col2im
         plain = _buf(ws, "dy2", (f, dy.size // f), dy.dtype)
-        n, _, ho, wo = _plain_shape(dy)
+        n, _, ho, wo = phase_plain_shape(dy)
         np.copyto(_phase_view(plain.reshape(f, n, ho, wo), dy.ndim, ho, wo), dy)
         dy2 = plain
     dcol = _buf(ws, "dcol", col.shape, dy.dtype)
@@ -287,8 +287,8 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     return col2im(dcol, x_shape, kh, kw, stride, pad, ws=ws)
 
 
-def _plain_shape(dy):
-    """(N, F, Ho, Wo) of a phase array."""
+def phase_plain_shape(dy):
+    """(N, F, Ho, Wo) of a phase array (see conv2d_forward)."""
     if dy.ndim == 6:
         f, _, _, n, ho2, wo2 = dy.shape
         return n, f, 2 * ho2, 2 * wo2

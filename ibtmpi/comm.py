@@ -65,6 +65,11 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     STATS["wait_s"] += time.perf_counter() - t0
 
 
+def bcast(obj, root=0, comm=None):
+    """A small Python object from root to every rank (start-up decisions)."""
+    return (comm or MPI.COMM_WORLD).bcast(obj, root=root)
+
+
 def np_copy(dst, src):
     dst[...] = src
 

@@ -433,15 +433,16 @@ class Trainer:
             self._manifest(self.pending_ckpt)
         self.pending_ckpt = None
 
-    def _restore(self):
-        """Block to start from: 0, or one past the newest complete checkpoint."""
+    def _resume_point(self):
+        """The newest complete checkpoint to resume from (None: start fresh);
+        CheckpointError where run.resume or the checkpoint forbids it."""
         mode = self.cfg["run"]["resume"]
         done = ckpt.complete(self.run_dir)
         if not done:
             if mode == "always":
                 raise ckpt.CheckpointError(
                     f"--resume: {self.run_dir} holds no complete checkpoint")
-            return 0
+            return None
         k = done[-1]
         where = ckpt.ckpt_dir(self.run_dir, k)
         if mode == "never":
@@ -461,6 +462,29 @@ class Trainer:
             raise ckpt.CheckpointError(
                 f"{where} was written by another configuration (model, data or "
                 f"algorithm differ); use another run.dir to start fresh")
+        return k
+
+    def _restore(self):
+        """Block to start from: 0, or one past the newest complete checkpoint.
+        Under MPI rank 0 decides and broadcasts it (one collective at start):
+        a rank with a stale view of the run directory (NFS attribute caches,
+        a manifest written just after it looked) must not resume elsewhere."""
+        if self.simulate or mpi.world_size() == 1:
+            k = self._resume_point()
+        else:
+            res = None
+            if self.is_master:
+                try:
+                    res = ("ok", self._resume_point())
+                except ckpt.CheckpointError as e:
+                    res = ("error", str(e))
+            res = mpi.bcast(res)
+            if res[0] == "error":
+                raise ckpt.CheckpointError(res[1])
+            k = res[1]
+        if k is None:
+            return 0
+        where = ckpt.ckpt_dir(self.run_dir, k)
         if self.cons is not None:
             z0 = ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)), {
                 k_: v for k_, v in {

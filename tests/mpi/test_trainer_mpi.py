@@ -83,3 +83,23 @@ def test_master_is_rank_zero_and_workers_hold_data(dataset):
         assert t.local == [W.Get_rank() - 1]
     assert t.n_workers == W.Get_size() - 1
     t.run()
+
+
+def test_resume_point_is_rank_zeros_decision(dataset, monkeypatch):
+    """A worker whose view of the run directory is stale (here: it sees no
+    checkpoint at all) still resumes from the block rank 0 chose, so a run
+    extended by more passes equals the uninterrupted one bitwise."""
+    from ibtmpi import checkpoint as ckpt
+    extra = ("run.checkpoint_every=2",)
+    straight = Trainer(make_cfg(dataset, "ibt", extra=extra), log=lambda m: None)
+    straight.run()
+    first = make_cfg(dataset, "ibt", extra=extra + ("run.passes=0.5",))
+    Trainer(first, log=lambda m: None).run()
+    if W.Get_rank() > 0:
+        monkeypatch.setattr(ckpt, "complete", lambda d: [])
+    again = make_cfg(dataset, "ibt", extra=extra + (f"run.dir={first['run']['dir']}",))
+    comm.STATS.update(allreduce=0, bytes=0)
+    t = Trainer(again, log=lambda m: None)
+    s = t.run()
+    assert 0 < s["allreduce_calls"] < t.total_blocks          # it resumed
+    assert t.z.tobytes() == straight.z.tobytes()

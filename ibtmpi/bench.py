@@ -18,7 +18,6 @@ Test: tests/unit/test_bench.py.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import shutil

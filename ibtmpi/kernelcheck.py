@@ -192,7 +192,7 @@ def host_module(path, cache_dir=None):
     os.makedirs(cache_dir, exist_ok=True)
     so = os.path.join(cache_dir, f"{os.path.basename(path)}-{key}.so")
     if not os.path.exists(so):
-        cpp = so[:-3] + ".cpp"
+        cpp = f"{so[:-3]}.{os.getpid()}.cpp"      # ranks may build the same module
         with open(cpp, "w") as f:
             f.write(src)
         cxx = os.environ.get("CXX", "g++")
@@ -202,6 +202,7 @@ def host_module(path, cache_dir=None):
         if r.returncode:
             raise KernelError(f"host build of {os.path.basename(path)} failed:\n{r.stderr}")
         os.replace(tmp, so)
+        os.unlink(cpp)
     return HostModule(ctypes.CDLL(so), sigs)
 
 

@@ -6,7 +6,8 @@
 # 2. the gpu-marked tests: each CuPy launch vs the NumPy reference
 # 3. the training step, our kernels vs PyTorch/cuDNN fp32, batch 64 and 256
 # 4. a short training with 2 workers sharing the GPU (mpiexec -n 3 when an
-#    mpiexec exists, else --simulate 2 in one process)
+#    mpiexec exists, else --simulate 2 in one process); with a CUDA-aware MPI
+#    also run.cuda_aware = off, and z of both modes compared bit for bit
 # Our own package is installed from this tree with --no-deps: numpy, h5py,
 # threadpoolctl, tqdm and pillow must be there (bring wheels if not).
 set -uo pipefail
@@ -34,7 +35,19 @@ data=$tmp/d
 python3 -m ibtmpi prep synth "$data" --n 4000 --size 64 --shards 2 --quiet
 sets="--set data.path=$data --set data.split_size=256 --set run.passes=2 --set run.dir=$tmp/run --set run.quiet=true"
 if command -v mpiexec >/dev/null; then
+    # run.cuda_aware = auto: the "block buffers:" line says what the MPI
+    # library reported and where the workers' buffers went
     mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets 2>&1 | tee "$out/train.txt"
+    aware=$(python3 -c "from ibtmpi import comm; print(comm.cuda_support()[0])")
+    if [ "$aware" = True ]; then
+        # both modes: with 2 workers the reduced sums and so z must be bitwise equal
+        sets2="${sets/run.dir=$tmp\/run/run.dir=$tmp/run-off}"
+        mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets2 --set run.cuda_aware=off \
+            2>&1 | tee -a "$out/train.txt"
+        python3 -c "import numpy as np, sys; a, b = (np.load(f'{d}/model.npz') for d in sys.argv[1:]); \
+print('cuda_aware on vs off, z bitwise equal:', a['z'].tobytes() == b['z'].tobytes())" \
+            "$tmp/run" "$tmp/run-off" 2>&1 | tee -a "$out/train.txt"
+    fi
 else
     python3 -m ibtmpi train --device gpu --simulate 2 $sets 2>&1 | tee "$out/train.txt"
 fi

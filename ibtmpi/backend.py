@@ -7,7 +7,8 @@ kernels/*.cu (compiled once per process by CuPy's RawModule, cached on
 disk by CuPy) with the exact signatures of the NumPy reference ops in
 ops.py / optim.py / consensus.py; GEMMs go through cupy.matmul (cuBLAS).
 ``worker_device`` binds a worker rank to a GPU: its rank among the workers
-of its node, modulo the visible devices.
+of its node, modulo the visible devices. ``resolve_cuda_aware`` decides
+where a GPU worker's block buffers live (run.cuda_aware = auto | on | off).
 Tests: tests/gpu/test_gpu_ops.py (each launch vs the NumPy reference; skipped
 with the reason where no GPU exists), tests/unit/test_backend.py.
 """
@@ -46,6 +47,36 @@ def select(device="auto"):
     if device == "gpu" and not ok:
         raise DeviceError(f"--device gpu was asked for but {why}; use --device cpu")
     return "gpu" if ok else "cpu"
+
+
+def resolve_cuda_aware(mode, gpu, distributed, report):
+    """Where a GPU worker's block buffers live: (device_buffers, why).
+
+    mode: run.cuda_aware (auto | on | off); gpu: the workers compute on a
+    GPU; distributed: a real MPI run with more than one rank; report:
+    comm.cuda_support()'s (True | False | None, how). ``on`` where the
+    library says it is NOT CUDA-aware is an error (a device buffer would
+    crash it); ``on`` where it does not say is taken at the user's word."""
+    if mode not in ("auto", "on", "off"):
+        raise DeviceError(f"run.cuda_aware must be auto, on or off, got {mode!r}")
+    if not gpu:
+        return False, "workers compute on the CPU: host buffers"
+    if not distributed:
+        return False, "one process: no MPI transfer, host buffers"
+    aware, how = report
+    if mode == "off":
+        return False, "run.cuda_aware = off: staged through pinned host buffers"
+    if mode == "on":
+        if aware is False:
+            raise DeviceError(
+                f"run.cuda_aware = on, but the MPI library reports no CUDA support "
+                f"({how}); a device buffer would crash it: use run.cuda_aware = auto "
+                f"or off, or an MPI built with CUDA")
+        return True, f"run.cuda_aware = on ({how}): device buffers to MPI"
+    if aware:
+        return True, f"run.cuda_aware = auto, {how}: device buffers to MPI"
+    return False, (f"run.cuda_aware = auto, {how}: staged through pinned host "
+                   f"buffers")
 
 
 def worker_device(worker_local_rank, n_visible):
@@ -264,3 +295,29 @@ class GpuOps:
 
     def asarray(self, x):
         return self.cp.asarray(x)
+
+    # -- transfers and buffers for MPI ---------------------------------------
+    def pinned_empty(self, n, dtype=np.float32):
+        """A 1-D NumPy array in page-locked host memory: the staging buffer
+        for Allreduce without CUDA-aware MPI (DMA straight from/to it)."""
+        dtype = np.dtype(dtype)
+        mem = self.cp.cuda.alloc_pinned_memory(max(1, n) * dtype.itemsize)
+        return np.frombuffer(mem, dtype, n)
+
+    def to_host(self, x, out):
+        """Device -> host into an existing array (pinned: one DMA, no temp);
+        blocks until the copy is done."""
+        self.cp.asnumpy(x, out=out)
+        return out
+
+    def to_device(self, x, out):
+        """Host -> device into an existing device array."""
+        if hasattr(out, "set"):
+            out.set(np.ascontiguousarray(x, dtype=out.dtype))
+        else:                                 # the tests' CuPy stand-in
+            out[...] = x
+        return out
+
+    def synchronize(self):
+        """Finish the current stream's work: before MPI reads a device buffer."""
+        self.cp.cuda.get_current_stream().synchronize()

@@ -266,7 +266,8 @@ def cmd_train(args):
             raise ConfigError("--simulate runs N logical workers in ONE process; "
                               "launch it without mpiexec")
         device_ops = None
-        if _device(args.device, log) == "gpu":
+        on_gpu = _device(args.device, log) == "gpu"
+        if on_gpu:
             local = comm.worker_local_rank()
             if local >= 0 or args.simulate:   # the master needs no GPU
                 from .backend import GpuOps, bind_worker_gpu
@@ -278,7 +279,14 @@ def cmd_train(args):
         if rank == 0:
             _check_writable(cfg["run"]["dir"])
         threads.configure(cfg["run"]["threads"])
-        trainer = Trainer(cfg, log=log, device_ops=device_ops)
+        from .backend import resolve_cuda_aware
+        distributed = size > 1 and not cfg["run"]["simulate"]
+        gpu_buffers, why = resolve_cuda_aware(
+            cfg["run"]["cuda_aware"], on_gpu, distributed,
+            comm.cuda_support() if on_gpu and distributed else (None, ""))
+        if on_gpu and rank == 0:
+            log(f"block buffers: {why}")
+        trainer = Trainer(cfg, log=log, device_ops=device_ops, gpu_buffers=gpu_buffers)
     except bad_input as e:
         return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
     try:

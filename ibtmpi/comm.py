@@ -1,8 +1,12 @@
 """MPI communication: the ONLY module that imports mpi4py.
 
-For now: world communicator facts and the node-local rank/size from
+World communicator facts and the node-local rank/size from
 ``Split_type(COMM_TYPE_SHARED)`` (launcher independent: mpirun, mpiexec and
-srun all work). Test: tests/mpi/test_comm.py under mpiexec -n 2 and -n 3.
+srun all work); the one non-blocking, non-spinning Allreduce; the library's
+own report on CUDA buffers (``cuda_support``). Buffers may be NumPy or, with
+a CUDA-aware library, CuPy arrays (mpi4py reads __cuda_array_interface__;
+the caller synchronizes the stream first). Test: tests/mpi/test_comm.py
+under mpiexec -n 2 and -n 3.
 """
 from __future__ import annotations
 
@@ -25,6 +29,57 @@ def node_rank_size(comm=None):
 
 def library_version():
     return MPI.Get_library_version().strip().splitlines()[0]
+
+
+def _mpi_library_handles():
+    """ctypes handles of the MPI shared libraries this process has loaded
+    (found in /proc/self/maps; dlopen of a loaded library returns it)."""
+    import ctypes
+    names = ("libmpi.", "libmpi_", "libmpich.", "libmpich_")
+    paths = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                p = line.split()[-1]
+                if p.startswith("/") and any(n in p.rsplit("/", 1)[-1] for n in names) \
+                        and p not in paths:
+                    paths.append(p)
+    except OSError:
+        pass
+    out = []
+    for p in paths:
+        try:
+            out.append((p, ctypes.CDLL(p)))
+        except OSError:
+            pass
+    try:                                   # symbols loaded RTLD_GLOBAL
+        out.append(("(global)", ctypes.CDLL(None)))
+    except OSError:
+        pass
+    return out
+
+
+def cuda_support():
+    """What the MPI library itself reports about CUDA buffers, WITHOUT trying
+    a GPU transfer (which crashes a library that is not CUDA-aware):
+    (True | False | None, how). Open MPI and MPICH >= 4.1 export
+    MPIX_Query_cuda_support(); MPICH 4.0 has MPIX_GPU_query_support(CUDA, &v).
+    None: the library offers neither query (it does not say)."""
+    import ctypes
+    for path, lib in _mpi_library_handles():
+        fn = getattr(lib, "MPIX_Query_cuda_support", None)
+        if fn is not None:
+            fn.restype, fn.argtypes = ctypes.c_int, []
+            v = int(fn())
+            return v == 1, f"MPIX_Query_cuda_support() = {v}"
+        fn = getattr(lib, "MPIX_GPU_query_support", None)
+        if fn is not None:
+            v = ctypes.c_int(0)
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+            if fn(0, ctypes.byref(v)) == 0:          # 0: MPIX_GPU_SUPPORT_CUDA
+                return v.value == 1, f"MPIX_GPU_query_support(CUDA) = {v.value}"
+    return None, "the MPI library has no CUDA-support query (MPIX_Query_cuda_support)"
 
 
 # -- collectives -----------------------------------------------------------

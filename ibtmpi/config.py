@@ -72,6 +72,7 @@ DEFAULTS = {
         "keep_checkpoints": 2,   # complete checkpoints kept
         "resume": "auto",        # auto | always | never
         "watchdog_s": 0.0,       # > 0: abort a block running longer (MPI runs)
+        "cuda_aware": "auto",    # GPU workers: auto | on | off (device buffers to MPI)
     },
 }
 
@@ -179,6 +180,8 @@ def validate(cfg):
         (r["watchdog_s"] >= 0, "run.watchdog_s must be >= 0"),
         (r["resume"] in ("auto", "always", "never"),
          "run.resume must be auto, always or never"),
+        (r["cuda_aware"] in ("auto", "on", "off"),
+         f"run.cuda_aware must be auto, on or off, got {r['cuda_aware']!r}"),
     ]
     for ok, msg in checks:
         if not ok:

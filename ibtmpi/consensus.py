@@ -61,16 +61,24 @@ def block_momentum(S, zg, v, z, inv_n, eta, zeta, nesterov):
 
 
 class WorkerState:
-    """What one worker keeps between blocks."""
+    """What one worker keeps between blocks (`zeros`: cupy.zeros keeps the
+    dual on the GPU, for device-resident consensus)."""
 
-    def __init__(self, p, dtype, algo):
-        self.u = np.zeros(p, dtype) if algo in ("admm", "ibt") else None
+    def __init__(self, p, dtype, algo, zeros=np.zeros):
+        self.u = zeros(p, dtype) if algo in ("admm", "ibt") else None
         self.w_own = None                 # easgd: the worker's own model
         self.w_hat = None                 # over-relaxed point of this block
 
 
 class Consensus:
-    def __init__(self, algo, z0, n_workers, acfg):
+    """z0 may be a NumPy or a CuPy array: the update is written as one
+    NumPy-API call per elementwise op (CuPy dispatches them, one kernel per
+    op, no fused multiply-add), so a GPU worker's z is bitwise equal to the
+    host z of the master. `to_host` (device arrays only) copies an array to
+    NumPy: adaptive rho decides from float64 residuals that every rank must
+    compute identically, so those dot products always run on the host."""
+
+    def __init__(self, algo, z0, n_workers, acfg, to_host=None):
         if algo not in BLOCK_ALGOS:
             raise ValueError(f"{algo!r} is not a block algorithm")
         if algo == "sgd" and n_workers != 1:
@@ -99,6 +107,7 @@ class Consensus:
         self.easgd_alpha = float(acfg.get("easgd_beta", 0.9)) / self.n
         self.rho_scale = 1.0              # rho_old / rho_new of the last update
         self.blocks = 0
+        self._h = to_host
 
     # -- what workers start from ------------------------------------------
     def start_point(self):
@@ -185,10 +194,11 @@ class Consensus:
         if self.algo in ("admm", "ibt"):
             np.subtract(S, dt(n) * self.z, out=self.U)
         # residuals (float64): sum ||w_i - z||^2 from sum ||w_i - z_s||^2
-        dz = (self.z - zs).astype(np.float64)
-        sw = (sum_w - dt(n) * zs).astype(np.float64)
+        h = self._h if (self._h is not None and self.adaptive) else (lambda a: a)
+        dz = h(self.z - zs).astype(np.float64)
+        sw = h(sum_w - dt(n) * zs).astype(np.float64)
         primal2 = max(q_sum - 2.0 * float(dz @ sw) + n * float(dz @ dz), 0.0)
-        step = (self.z - self.z_prev).astype(np.float64)
+        step = h(self.z - self.z_prev).astype(np.float64)
         dual = math.sqrt(n) * self.rho * math.sqrt(float(step @ step))
         primal = math.sqrt(primal2)
         rho_used = self.rho

@@ -57,9 +57,13 @@ class InjectedFault(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg, log=print, device_ops=None):
+    def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False):
         """device_ops: a backend.GpuOps for the workers' compute (the master,
-        which has no worker, always stays on the host)."""
+        which has no worker, always stays on the host). gpu_buffers (from
+        backend.resolve_cuda_aware; real MPI runs with a GPU worker only):
+        the worker keeps its consensus state on the GPU and hands device
+        buffers to a CUDA-aware Allreduce; otherwise it stages through
+        pinned host buffers."""
         self.cfg = cfg
         self.log = log
         d, r, a = cfg["data"], cfg["run"], cfg["algorithm"]
@@ -89,10 +93,13 @@ class Trainer:
                                d["split_size"] or (None if d["block_size"] else 512), n)
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
         h, w, c = self.ds.image_shape
-        # Workers compute on the device when one is given; the consensus state
-        # stays on the host on EVERY rank, so z is bitwise identical everywhere
-        # and the packed block buffer is a host buffer.
+        # Workers compute on the device when one is given. The consensus state
+        # is on the host (the master always; a GPU worker without CUDA-aware
+        # MPI, staging through pinned buffers) or, with gpu_buffers, on the
+        # worker's GPU; it is bitwise equal either way (consensus.Consensus).
         self.dev = device_ops if self.local else None
+        self.gpu_buffers = bool(gpu_buffers and self.dev is not None and not self.simulate
+                                and size > 1)
         self.model = Model(cfg["model"]["layers"], (c, h, w), self.ds.n_classes,
                            seed=cfg["model"]["seed"], ops=self.dev)
         o = cfg["optim"]
@@ -100,18 +107,25 @@ class Trainer:
                        o["nesterov"])
         P = self.model.size
         self.P = P
-        self._w_host = np.empty(P, np.float32)      # host image of a worker's w
-        self.cons = None if self.algo == "ssgd" else Consensus(
-            self.algo, self._host(self.model.params), n, a)
-        self.states = {i: WorkerState(P, self.model.dtype, self.algo) for i in self.local}
+        pinned = self.dev is not None and not self.gpu_buffers
+        host_empty = self.dev.pinned_empty if pinned else (lambda m: np.empty(m, np.float32))
+        self._w_host = host_empty(P)                 # host image of a worker's w
+        self.cons = None if self.algo == "ssgd" else self._new_consensus()
+        zeros = self.dev.cp.zeros if self.gpu_buffers else np.zeros
+        self.states = {i: WorkerState(P, self.model.dtype, self.algo, zeros)
+                       for i in self.local}
         self.velocity = {i: np.zeros(P, self.model.dtype) for i in self.local}
         self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
                                       d["augment"], d["seed"], d["cache"])
                         for i in self.local}
         self.F0 = P + NS + 2 * n          # flag slots: [master, worker 0..N-1]
         L = self.F0 + 1 + n
-        self.send = np.zeros(L, np.float32)
-        self.recv = np.zeros(L, np.float32)
+        self.send, self.recv = host_empty(L), host_empty(L)   # pinned: one DMA each way
+        self.send.fill(0)
+        self.recv.fill(0)
+        if self.gpu_buffers:             # the Allreduce reads and writes these
+            self._send_d = self.dev.cp.zeros(L, np.float32)
+            self._recv_d = self.dev.cp.zeros(L, np.float32)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
         self.z = (np.array(self._host(self.model.params)) if self.algo == "ssgd"
                   else self.cons.z)
@@ -142,8 +156,25 @@ class Trainer:
                 raise ValueError(f"IBTMPI_FAULT must be rank:block:phase, got {fault!r}") from None
 
     # -- helpers ------------------------------------------------------------
+    def _new_consensus(self):
+        """From the model's current parameters: on the GPU with gpu_buffers,
+        else on the host."""
+        a = self.cfg["algorithm"]
+        if self.gpu_buffers:
+            return Consensus(self.algo, self.model.params.copy(), self.n_workers, a,
+                             to_host=self.dev.asnumpy)
+        return Consensus(self.algo, self._host(self.model.params), self.n_workers, a)
+
     def _host(self, a):
         return a if self.dev is None else self.dev.asnumpy(a)
+
+    def _put(self, dst, src):
+        """Copy host array src into dst (a host or, with gpu_buffers, a device
+        array)."""
+        if isinstance(dst, np.ndarray) or self.dev is None:
+            np.copyto(dst, src)
+        else:
+            self.dev.to_device(src, dst)
 
     def _dev(self, a):
         return a if self.dev is None else self.dev.asarray(a)
@@ -197,6 +228,8 @@ class Trainer:
         send, recv = self.send, self.recv
         send.fill(0)
         vec = send[:P]
+        if self.gpu_buffers:
+            vec = self._send_d[:P]
         tmp = np.empty(P, np.float32) if len(self.local) > 1 else None
         self._mark_flags()
         for i in self.local:
@@ -211,15 +244,18 @@ class Trainer:
             if self.cfg["optim"]["reset_momentum"]:
                 self.opt.reset()
             ws = self.states[i]
-            wh = self._w_host if self.dev is not None else self.model.params
+            # stage: the worker's w has a host image (pinned) unless the
+            # consensus state lives on the same device as w
+            stage = self.dev is not None and not self.gpu_buffers
+            wh = self._w_host if stage else self.model.params
             self.cons.worker_begin(ws, wh)
-            if self.dev is not None:
-                self.model.params[...] = self.dev.asarray(wh)
+            if stage:
+                self.dev.to_device(wh, self.model.params)
             self.opt.extra_grad = self.cons.extra_grad(
-                ws, to_device=None if self.dev is None else self.dev.asarray)
+                ws, to_device=self.dev.asarray if stage else None)
             loss_sum, cnt, corr = self._run_steps(mbs)
-            if self.dev is not None:
-                wh[...] = self.dev.asnumpy(self.model.params)
+            if stage:
+                self.dev.to_host(self.model.params, wh)
             if self.fault and self.fault == (self.rank, k, "nan"):
                 loss_sum = float("nan")            # injected divergence (tests)
                 wh[0] = np.nan
@@ -236,12 +272,27 @@ class Trainer:
                     and np.isfinite(out).all()):
                 send[self.F0 + 1 + i] += FLAG_NONFINITE
         self._at("allreduce")
-        self._reduce(send, recv, work, k)
+        S = self._reduce_packed(work, k)
         self._check_flags(k)
-        diag = self.cons.update(recv[:P], float(recv[P + 3]))
+        diag = self.cons.update(S, float(recv[P + 3]))
         for i in self.local:
             self.cons.worker_end(self.states[i], None)
         return p, b, diag
+
+    def _reduce_packed(self, work, k):
+        """The block's one Allreduce of the packed buffer; returns the reduced
+        S (P,). With gpu_buffers the buffer is on the device: its host tail
+        (statistics, timings, flags) goes up first, the stream is synchronized
+        before MPI reads it, and only the reduced tail comes back."""
+        P = self.P
+        if not self.gpu_buffers:
+            self._reduce(self.send, self.recv, work, k)
+            return self.recv[:P]
+        self.dev.to_device(self.send[P:], self._send_d[P:])
+        self.dev.synchronize()
+        self._reduce(self._send_d, self._recv_d, work, k)
+        self.dev.to_host(self._recv_d[P:], self.recv[P:])
+        return self._recv_d[:P]
 
     def _reduce(self, send, recv, work, k):
         """The block's Allreduce; with run.watchdog_s the master aborts a
@@ -314,16 +365,21 @@ class Trainer:
             t_data[i] = time.perf_counter() - t0
         tot = np.zeros(NS + 2 * n, np.float64)
         w0 = self.model.params
+        gsum = self._send_d[:P] if self.gpu_buffers else send[:P]
         self._at("compute")
         for s in range(steps):
             send.fill(0)
+            gsum.fill(0)
             self._mark_flags()
             for i in self.local:
                 t0 = time.perf_counter()
                 x, y = data[i][s]
                 if len(y):
                     loss, c = self.model.loss_and_grad(x, y)
-                    send[:P] += self._host(self.model.grads)
+                    if self.gpu_buffers:
+                        gsum += self.model.grads
+                    else:
+                        gsum += self._host(self.model.grads)
                     send[P:P + 3] += np.array([loss * len(y), len(y), c], np.float32)
                 send[P + NS + i] += time.perf_counter() - t0
                 if s == 0:
@@ -331,10 +387,11 @@ class Trainer:
                 if len(y) and not math.isfinite(loss):
                     send[self.F0 + 1 + i] += FLAG_NONFINITE
             self._at("allreduce")
-            self._reduce(send, recv, work, k)
+            S = self._reduce_packed(work, k)
             self._check_flags(k)
-            g = recv[:P] * np.float32(1.0 / n)
-            self.opt.step(self._dev(g))   # same averaged gradient on every rank
+            g = S * np.float32(1.0 / n)
+            # same averaged gradient on every rank
+            self.opt.step(g if self.gpu_buffers else self._dev(g))
             tot += recv[P:self.F0]
         self.z[...] = self._host(w0)
         recv[P:self.F0] = tot
@@ -356,8 +413,7 @@ class Trainer:
             mpi.allreduce_sum(self.send, self.recv, self.comm)
             self.opt.step(self._dev(self.recv[:P] * np.float32(1.0 / n)))
         self.opt.reset()
-        self.cons = Consensus(self.algo, self._host(self.model.params), n,
-                              self.cfg["algorithm"])
+        self.cons = self._new_consensus()
         self.z = self.cons.z
         self.log(f"warm-up: {steps} gradient-allreduce steps before block 0")
 
@@ -391,9 +447,9 @@ class Trainer:
         for i in self.local:
             ws = self.states[i]
             if self.algo in ("admm", "ibt"):
-                a[f"u_{i}"] = ws.u
+                a[f"u_{i}"] = self._host(ws.u)
             if self.algo == "easgd":
-                a[f"w_own_{i}"] = ws.w_own
+                a[f"w_own_{i}"] = self._host(ws.w_own)
             if self.algo != "ssgd":
                 a[f"v_{i}"] = (self.velocity[i] if len(self.local) > 1
                                else self._host(self.opt.v))
@@ -493,7 +549,7 @@ class Trainer:
                     "rho": ((), np.float64), "cons_blocks": ((), np.int64)}.items()})
             c = self.cons
             for name in ("z", "zg", "v", "U"):
-                np.copyto(getattr(c, name), z0[name])
+                self._put(getattr(c, name), z0[name])
             c.rho, c.blocks = float(z0["rho"]), int(z0["cons_blocks"])
         mine = ckpt.read_rank(os.path.join(where, ckpt.rank_file(self.rank)),
                               self._state_spec())
@@ -504,9 +560,10 @@ class Trainer:
         for i in self.local:
             ws = self.states[i]
             if self.algo in ("admm", "ibt"):
-                np.copyto(ws.u, mine[f"u_{i}"])
+                self._put(ws.u, mine[f"u_{i}"])
             if self.algo == "easgd":
-                ws.w_own = mine[f"w_own_{i}"].copy()
+                ws.w_own = (self._dev(mine[f"w_own_{i}"]) if self.gpu_buffers
+                            else mine[f"w_own_{i}"].copy())
             if self.algo != "ssgd":
                 np.copyto(self.velocity[i], mine[f"v_{i}"])
                 if len(self.local) == 1:

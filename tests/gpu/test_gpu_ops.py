@@ -100,3 +100,47 @@ def test_vector_updates(g):
     ru = u0.copy()
     consensus.dual_update(ru, w0, c, 0.5)
     close(u, ru, g)
+
+
+@pytest.mark.parametrize("algo,acfg", [
+    ("ma", {}), ("admm", {"l2": 1e-3}), ("bmuf", {}), ("ibt", {}), ("easgd", {}),
+    ("admm", {"adaptive_rho": True, "over_relaxation": 1.5, "rho_mu": 1.01}),
+    ("ibt", {"adaptive_rho": True, "rho_mu": 1.01})])
+def test_device_consensus_is_bitwise_the_host_consensus(g, algo, acfg):
+    """run.cuda_aware = on keeps a worker's consensus on its GPU while the
+    master's stays on the host: z must not differ by a single bit (one
+    NumPy-API call per elementwise op, no contraction into FMA)."""
+    P, n = 4099, 3
+    z0 = RNG.standard_normal(P).astype(np.float32)
+    host = consensus.Consensus(algo, z0, n, dict(acfg, rho=0.05))
+    dev = consensus.Consensus(algo, g.asarray(z0), n, dict(acfg, rho=0.05),
+                              to_host=g.asnumpy)
+    hs = [consensus.WorkerState(P, np.float32, algo) for _ in range(n)]
+    ds = [consensus.WorkerState(P, np.float32, algo, g.cp.zeros) for _ in range(n)]
+    for blk in range(6):
+        S_h, S_d = np.zeros(P, np.float32), g.cp.zeros(P, np.float32)
+        q = 0.0
+        for i in range(n):
+            w_h = np.empty(P, np.float32)
+            host.worker_begin(hs[i], w_h)
+            w_d = g.cp.empty(P, np.float32)
+            dev.worker_begin(ds[i], w_d)
+            step = (0.1 * RNG.standard_normal(P)).astype(np.float32)
+            w_h += step
+            w_d += g.asarray(step)
+            out_h, out_d = np.empty(P, np.float32), g.cp.empty(P, np.float32)
+            q += host.contribution(hs[i], w_h, out_h)
+            dev.contribution(ds[i], w_d, out_d)
+            S_h += out_h
+            S_d += out_d
+        dh = host.update(S_h, q)
+        dd = dev.update(S_d, q)
+        assert g.asnumpy(dev.z).tobytes() == host.z.tobytes(), f"block {blk}"
+        assert dev.rho == host.rho
+        if acfg.get("adaptive_rho"):
+            assert dd == dh
+        for i in range(n):
+            host.worker_end(hs[i], None)
+            dev.worker_end(ds[i], None)
+            if hs[i].u is not None:
+                assert g.asnumpy(ds[i].u).tobytes() == hs[i].u.tobytes()

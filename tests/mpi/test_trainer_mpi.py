@@ -2,8 +2,6 @@
 hold bitwise-identical z, and z equals the in-process simulation of the
 same N workers to 1e-6; one Allreduce per block."""
 import hashlib
-import os
-import shutil
 import tempfile
 
 import numpy as np
@@ -16,20 +14,6 @@ from ibtmpi.trainer import Trainer
 
 pytestmark = pytest.mark.mpi(min_size=2)
 W = MPI.COMM_WORLD
-
-
-@pytest.fixture(scope="module")
-def dataset():
-    path = None
-    if W.Get_rank() == 0:
-        from ibtmpi.data_prep.prep import prep_synth
-        path = os.path.join(tempfile.mkdtemp(prefix="ibtmpi-mpi-"), "d")
-        prep_synth(path, n=400, size=16, seed=2, shards=3, quiet=True)
-    path = W.bcast(path, root=0)
-    yield path
-    W.Barrier()
-    if W.Get_rank() == 0:
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def make_cfg(path, algo, simulate=0, extra=()):

@@ -30,3 +30,65 @@ def test_worker_device_binding(local, n, expect):
 def test_no_visible_devices_error():
     with pytest.raises(backend.DeviceError):
         backend.worker_device(0, 0)
+
+
+# -- run.cuda_aware: where a GPU worker's block buffers live -----------------
+
+AWARE, NOT_AWARE, SILENT = ((True, "MPIX_Query_cuda_support() = 1"),
+                            (False, "MPIX_Query_cuda_support() = 0"),
+                            (None, "no query"))
+
+
+@pytest.mark.parametrize("mode,gpu,dist,report,expect", [
+    ("auto", True, True, AWARE, True),
+    ("auto", True, True, NOT_AWARE, False),
+    ("auto", True, True, SILENT, False),        # the library does not say: stage
+    ("on", True, True, AWARE, True),
+    ("on", True, True, SILENT, True),           # the user's word
+    ("off", True, True, AWARE, False),
+    ("on", False, True, AWARE, False),          # CPU workers: nothing on a device
+    ("on", True, False, AWARE, False),          # one process: no MPI transfer
+    ("auto", False, True, NOT_AWARE, False),
+])
+def test_cuda_aware_resolution(mode, gpu, dist, report, expect):
+    got, why = backend.resolve_cuda_aware(mode, gpu, dist, report)
+    assert got is expect and why
+
+
+def test_cuda_aware_on_with_a_library_that_says_no_is_an_error_not_a_crash():
+    with pytest.raises(backend.DeviceError, match="reports no CUDA support.*= 0"):
+        backend.resolve_cuda_aware("on", True, True, NOT_AWARE)
+    with pytest.raises(backend.DeviceError, match="auto, on or off"):
+        backend.resolve_cuda_aware("yes", True, True, AWARE)
+
+
+def test_cuda_support_is_the_librarys_own_report():
+    """The query never touches a GPU; the MPICH wheel of CI says 0."""
+    from ibtmpi import comm
+    aware, how = comm.cuda_support()
+    assert aware in (True, False, None) and how
+    if "MPICH" in comm.library_version() and not backend.gpu_status()[0]:
+        assert (aware, how) == (False, "MPIX_Query_cuda_support() = 0")
+
+
+def test_cuda_aware_config_key():
+    from ibtmpi.config import ConfigError, load
+    assert load(None, ["data.path=x"])["run"]["cuda_aware"] == "auto"
+    with pytest.raises(ConfigError, match="run.cuda_aware must be auto, on or off"):
+        load(None, ["data.path=x", "run.cuda_aware=maybe"])
+
+
+def test_pinned_staging_helpers_on_the_stand_in():
+    import numpy as np
+    from fakecupy import FakeCupy
+    ops = backend.GpuOps(cp=FakeCupy())
+    buf = ops.pinned_empty(5)
+    assert buf.dtype == np.float32 and buf.shape == (5,) and buf.flags.writeable
+    assert ops.cp.cuda.log == [("pinned", 20)]
+    x = np.arange(5, dtype=np.float32)
+    assert ops.to_host(x, buf) is buf and (buf == x).all()
+    d = np.zeros(5, np.float32)
+    ops.to_device(buf * 2, d)
+    assert (d == 2 * x).all()
+    ops.synchronize()
+    assert ops.cp.cuda.log[-1] == "sync"

@@ -71,6 +71,11 @@ def build_parser():
                    help="compute device of the workers: gpu (an error where CuPy "
                         "or a GPU is missing), auto (gpu where CuPy sees one, "
                         "else cpu) or cpu (default)")
+    p.add_argument("--cuda-aware", choices=("auto", "on", "off"),
+                   help="GPU workers under MPI: hand device buffers to the "
+                        "Allreduce (on), stage through pinned host memory (off), "
+                        "or on where the MPI library reports CUDA support "
+                        "(auto, the default; = --set run.cuda_aware=...)")
     p.add_argument("--quiet", action="store_true")
 
     p = sub.add_parser("evaluate", help="accuracy, per-class P/R/F1, confusion matrix",
@@ -246,6 +251,8 @@ def cmd_train(args):
         overrides.append("run.quiet=true")
     if args.resume:
         overrides.append("run.resume=always")
+    if args.cuda_aware:
+        overrides.append(f"run.cuda_aware={args.cuda_aware}")
 
     def log(msg):
         if rank == 0:

@@ -227,3 +227,16 @@ def test_device_auto_without_gpu_trains_on_cpu_and_says_so(small_dataset, tmp_pa
     assert rc == 0
     assert "--device auto: computing on the CPU (" in out
     assert (run / "model.npz").exists()
+
+
+def test_cuda_aware_flag_is_recorded_and_checked(small_dataset, tmp_path, capsys):
+    run = tmp_path / "run"
+    rc = main(["train", "--quiet", "--cuda-aware", "off", "--set", f"data.path={small_dataset}",
+               "--set", f"run.dir={run}", "--set", "model.layers=tiny",
+               "--set", "data.split_size=40", "--set", "run.passes=0.2"])
+    assert rc == 0
+    assert 'cuda_aware = "off"' in (run / "config.toml").read_text()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--cuda-aware", "maybe", "--set", f"data.path={small_dataset}"])
+    assert e.value.code == 2
+    assert "invalid choice: 'maybe'" in capsys.readouterr().err

@@ -342,9 +342,13 @@ def _fail(msg, code, size, rank, every_rank=False):
     if size > 1:
         from . import comm
         if rank != 0 and not every_rank:
-            time.sleep(2)          # let rank 0 print the (same) message first
-        else:
-            time.sleep(0.5)        # let the launcher forward it before the abort
+            # Where every rank fails alike (a bad config), rank 0 prints and
+            # aborts first and this rank never gets here. Still alive: the
+            # failure is this rank's alone (its node lacks the data, its GPU
+            # binding failed), and only it can say why.
+            time.sleep(2)
+            print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
+        time.sleep(0.5)            # let the launcher forward it before the abort
         comm.abort(code)
     return code
 

@@ -240,3 +240,18 @@ def test_cuda_aware_flag_is_recorded_and_checked(small_dataset, tmp_path, capsys
         main(["train", "--cuda-aware", "maybe", "--set", f"data.path={small_dataset}"])
     assert e.value.code == 2
     assert "invalid choice: 'maybe'" in capsys.readouterr().err
+
+
+def test_a_setup_error_on_the_workers_alone_is_reported_by_them(small_dataset, tmp_path):
+    """Rank 0 has the data, the workers' node does not (MPMD launch): the
+    workers' reason must reach the user, not just an MPI abort."""
+    run = tmp_path / "run"
+    rank0 = [sys.executable, "-m", "ibtmpi", "train", "--quiet"] + base_sets(small_dataset, run)
+    workers = [sys.executable, "-m", "ibtmpi", "train", "--quiet"] + base_sets(
+        tmp_path / "missing", run)
+    t0 = time.time()
+    r = subprocess.run([MPIEXEC, "-n", "1"] + rank0 + [":", "-n", "2"] + workers,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and time.time() - t0 < 60
+    assert "] ibtmpi train: error: dataset directory" in r.stderr
+    assert "missing does not exist" in r.stderr

@@ -60,6 +60,13 @@ def block_momentum(S, zg, v, z, inv_n, eta, zeta, nesterov):
         np.copyto(zg, z)
 
 
+def _dot(a, b):
+    """Dot product for the replicated residuals: NumPy's pairwise sum, not
+    BLAS, whose threaded ddot sums in an order that depends on the rank's
+    thread count; adaptive rho must decide identically on every rank."""
+    return float(np.sum(np.multiply(a, b)))
+
+
 class WorkerState:
     """What one worker keeps between blocks (`zeros`: cupy.zeros keeps the
     dual on the GPU, for device-resident consensus)."""
@@ -197,9 +204,9 @@ class Consensus:
         h = self._h if (self._h is not None and self.adaptive) else (lambda a: a)
         dz = h(self.z - zs).astype(np.float64)
         sw = h(sum_w - dt(n) * zs).astype(np.float64)
-        primal2 = max(q_sum - 2.0 * float(dz @ sw) + n * float(dz @ dz), 0.0)
+        primal2 = max(q_sum - 2.0 * _dot(dz, sw) + n * _dot(dz, dz), 0.0)
         step = h(self.z - self.z_prev).astype(np.float64)
-        dual = math.sqrt(n) * self.rho * math.sqrt(float(step @ step))
+        dual = math.sqrt(n) * self.rho * math.sqrt(_dot(step, step))
         primal = math.sqrt(primal2)
         rho_used = self.rho
         self.rho_scale = 1.0

@@ -120,3 +120,20 @@ def test_residual_balancing_rescales_duals():
 def test_sgd_needs_one_worker():
     with pytest.raises(ValueError, match="single-worker baseline"):
         Consensus("sgd", np.zeros(2), 3, {})
+
+
+def test_residuals_do_not_depend_on_the_ranks_thread_count():
+    """Adaptive rho decides from the residuals on every rank; ranks with
+    different BLAS thread budgets must compute them bit for bit alike
+    (OpenBLAS's threaded ddot does not)."""
+    from threadpoolctl import threadpool_limits
+    P, n = 1_000_003, 4
+    rng = np.random.default_rng(3)
+    z0 = rng.standard_normal(P).astype(np.float32)
+    S = (n * z0 + rng.standard_normal(P)).astype(np.float32)
+    diags = []
+    for threads in (1, 2, 4):
+        c = Consensus("admm", z0, n, {"rho": 0.1, "adaptive_rho": True})
+        with threadpool_limits(threads):
+            diags.append(c.update(S.copy(), 123.0))
+    assert diags[0] == diags[1] == diags[2]

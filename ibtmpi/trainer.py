@@ -146,6 +146,7 @@ class Trainer:
         self.pending_ok = False
         self.run_dir = r["dir"]
         self.cfg_hash = run_hash(cfg)
+        self.data_fp = digest(self.ds.meta)   # what the data is, wherever it lives
         fault = os.environ.get("IBTMPI_FAULT", "")
         self.fault = None
         if fault:
@@ -466,7 +467,7 @@ class Trainer:
     def _manifest(self, k):
         world = 1 if self.simulate else mpi.world_size()
         ckpt.write_manifest(self.run_dir, k, {
-            "config_hash": self.cfg_hash, "algorithm": self.algo,
+            "config_hash": self.cfg_hash, "dataset": self.data_fp, "algorithm": self.algo,
             "n_workers": self.n_workers, "world_size": world,
             "simulate": self.simulate, "files": [ckpt.rank_file(r) for r in range(world)],
             "blocks_per_pass": self.sched.blocks_per_pass,
@@ -514,10 +515,15 @@ class Trainer:
                 f"{world}. Resuming with another worker count is not supported "
                 f"(duals and data ranges are per worker): relaunch with the same "
                 f"count, or use another run.dir")
-        if m.get("config_hash") != self.cfg_hash:
+        if m.get("config_hash") not in (self.cfg_hash, run_hash(self.cfg, legacy=True)):
             raise ckpt.CheckpointError(
                 f"{where} was written by another configuration (model, data or "
                 f"algorithm differ); use another run.dir to start fresh")
+        if m.get("dataset", self.data_fp) != self.data_fp:
+            raise ckpt.CheckpointError(
+                f"{where} was written for another dataset: "
+                f"{self.ds.path}/dataset.json differs from the one the run started "
+                f"with (regenerated or replaced?); use another run.dir to start fresh")
         return k
 
     def _restore(self):
@@ -760,14 +766,22 @@ class Trainer:
             self.log(msg)
 
 
-def run_hash(cfg):
-    """Digest of what determines the computation (not operational keys such
-    as passes, threads, quiet, eval/checkpoint cadence or the run dir)."""
+def run_hash(cfg, legacy=False):
+    """Digest of what determines the computation, not operational keys
+    (passes, threads, quiet, eval/checkpoint cadence, run dir, watchdog,
+    cuda_aware) nor where the data lives: data.path may move (a copy staged
+    to node-local scratch after a requeue); the manifest's dataset
+    fingerprint says whether it is the same data. legacy: the digest of
+    checkpoints written before that (path included, no cuda_aware key),
+    still accepted on resume."""
     import copy
     c = copy.deepcopy(cfg)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
-                "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s"):
+                "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
+                "cuda_aware"):
         c["run"].pop(key, None)
+    if not legacy:
+        c["data"].pop("path", None)
     return digest(c)
 
 

@@ -109,3 +109,53 @@ def test_no_pickle_in_checkpoints(tmp_path):
     np.savez(p, z=np.array([object()], dtype=object))
     with pytest.raises(ckpt.CheckpointError):
         ckpt.read_rank(p, {"z": ((1,), np.float32)})
+
+
+def test_resume_follows_the_data_not_its_path(small_dataset, tmp_path, monkeypatch):
+    """A copy of the dataset staged elsewhere (node-local scratch after a
+    requeue) resumes; a regenerated dataset at the same path is refused."""
+    import shutil
+    ref = Trainer(cfg(small_dataset, tmp_path / "a", "ibt"), log=lambda m: None)
+    ref.run()
+    monkeypatch.setenv("IBTMPI_FAULT", "0:5:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(cfg(small_dataset, tmp_path / "b", "ibt"), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    staged = tmp_path / "scratch" / "data"
+    shutil.copytree(small_dataset, staged)
+    c = cfg(small_dataset, tmp_path / "b", "ibt")
+    c["data"]["path"] = str(staged)
+    logs = []
+    t = Trainer(c, log=logs.append)
+    t.run()
+    assert any("resuming from" in m for m in logs)
+    assert t.z.tobytes() == ref.z.tobytes()
+    meta = json.loads((staged / "dataset.json").read_text())
+    meta["mean"][0] += 1.0                       # "regenerated": other statistics
+    (staged / "dataset.json").write_text(json.dumps(meta))
+    with pytest.raises(ckpt.CheckpointError, match="written for another dataset"):
+        Trainer(c, log=lambda m: None).run()
+
+
+def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path):
+    """Manifests written before data.path left the digest (and before the
+    cuda_aware key existed) carry the legacy digest and no dataset entry."""
+    import copy
+    from ibtmpi.config import digest
+    c = cfg(small_dataset, tmp_path / "r", "admm")
+    Trainer(c, log=lambda m: None).run()
+    old = copy.deepcopy(c)
+    for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
+                "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
+                "cuda_aware"):
+        old["run"].pop(key)
+    for k in ckpt.complete(str(tmp_path / "r")):
+        p = os.path.join(ckpt.ckpt_dir(str(tmp_path / "r"), k), "manifest.json")
+        m = json.load(open(p))
+        m["config_hash"] = digest(old)
+        del m["dataset"]
+        json.dump(m, open(p, "w"))
+    c2 = cfg(small_dataset, tmp_path / "r", "admm", **{"run.passes": 3})
+    logs = []
+    Trainer(c2, log=logs.append).run()
+    assert any("resuming from" in m for m in logs)

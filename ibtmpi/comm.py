@@ -125,6 +125,11 @@ def bcast(obj, root=0, comm=None):
     return (comm or MPI.COMM_WORLD).bcast(obj, root=root)
 
 
+def allgather(obj, comm=None):
+    """One small Python object from every rank, to every rank (start-up)."""
+    return (comm or MPI.COMM_WORLD).allgather(obj)
+
+
 def np_copy(dst, src):
     dst[...] = src
 

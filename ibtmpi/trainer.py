@@ -490,16 +490,17 @@ class Trainer:
             self._manifest(self.pending_ckpt)
         self.pending_ckpt = None
 
-    def _resume_point(self):
-        """The newest complete checkpoint to resume from (None: start fresh);
-        CheckpointError where run.resume or the checkpoint forbids it."""
+    def _resume_candidates(self):
+        """Complete checkpoints to resume from, newest first ([]: start
+        fresh); CheckpointError where run.resume or the newest checkpoint
+        forbids it (another configuration, worker count or dataset)."""
         mode = self.cfg["run"]["resume"]
         done = ckpt.complete(self.run_dir)
         if not done:
             if mode == "always":
                 raise ckpt.CheckpointError(
                     f"--resume: {self.run_dir} holds no complete checkpoint")
-            return None
+            return []
         k = done[-1]
         where = ckpt.ckpt_dir(self.run_dir, k)
         if mode == "never":
@@ -524,28 +525,56 @@ class Trainer:
                 f"{where} was written for another dataset: "
                 f"{self.ds.path}/dataset.json differs from the one the run started "
                 f"with (regenerated or replaced?); use another run.dir to start fresh")
-        return k
+        return done[::-1]
 
     def _restore(self):
-        """Block to start from: 0, or one past the newest complete checkpoint.
-        Under MPI rank 0 decides and broadcasts it (one collective at start):
-        a rank with a stale view of the run directory (NFS attribute caches,
-        a manifest written just after it looked) must not resume elsewhere."""
-        if self.simulate or mpi.world_size() == 1:
-            k = self._resume_point()
+        """Block to start from: 0, or one past the newest complete checkpoint
+        that every rank can read. Under MPI rank 0 lists the candidates and
+        broadcasts them (a rank with a stale view of the run directory, NFS
+        attribute caches or a manifest written just after it looked, must not
+        resume elsewhere), and all ranks agree on each attempt (allgather of
+        the read errors): a checkpoint damaged on any rank is set aside as
+        damaged-ckpt-* and the previous complete one is used."""
+        dist = not (self.simulate or mpi.world_size() == 1)
+        if not dist:
+            cands = self._resume_candidates()
         else:
             res = None
             if self.is_master:
                 try:
-                    res = ("ok", self._resume_point())
+                    res = ("ok", self._resume_candidates())
                 except ckpt.CheckpointError as e:
                     res = ("error", str(e))
             res = mpi.bcast(res)
             if res[0] == "error":
                 raise ckpt.CheckpointError(res[1])
-            k = res[1]
-        if k is None:
-            return 0
+            cands = res[1]
+        errs = []
+        for k in cands:
+            err = None
+            try:
+                self._load_state(k)
+            except ckpt.CheckpointError as e:
+                err = f"rank {self.rank}: {e}"
+            errs = [e for e in (mpi.allgather(err) if dist else [err]) if e]
+            if not errs:
+                return k + 1
+            where = ckpt.ckpt_dir(self.run_dir, k)
+            if self.is_master:
+                aside = os.path.join(os.path.dirname(where), "damaged-" + os.path.basename(where))
+                if os.path.exists(aside):
+                    aside += f".{time.time_ns()}"
+                os.replace(where, aside)
+                self.log(f"checkpoint {where} cannot be read ({'; '.join(errs)}); set "
+                         f"aside as {aside}, trying the previous complete checkpoint")
+        if cands:
+            raise ckpt.CheckpointError(
+                f"no complete checkpoint in {self.run_dir} could be read (last: "
+                f"{'; '.join(errs)}); use another run.dir to start fresh")
+        return 0
+
+    def _load_state(self, k):
+        """This rank's state from checkpoint k (CheckpointError if unreadable)."""
         where = ckpt.ckpt_dir(self.run_dir, k)
         if self.cons is not None:
             z0 = ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)), {
@@ -574,7 +603,6 @@ class Trainer:
                 np.copyto(self.velocity[i], mine[f"v_{i}"])
                 if len(self.local) == 1:
                     self.opt.v[...] = self._dev(mine[f"v_{i}"])
-        return k + 1
 
     # -- the run --------------------------------------------------------------
     def _work(self):

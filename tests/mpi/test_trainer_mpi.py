@@ -2,6 +2,7 @@
 hold bitwise-identical z, and z equals the in-process simulation of the
 same N workers to 1e-6; one Allreduce per block."""
 import hashlib
+import os
 import tempfile
 
 import numpy as np
@@ -86,4 +87,26 @@ def test_resume_point_is_rank_zeros_decision(dataset, monkeypatch):
     t = Trainer(again, log=lambda m: None)
     s = t.run()
     assert 0 < s["allreduce_calls"] < t.total_blocks          # it resumed
+    assert t.z.tobytes() == straight.z.tobytes()
+
+
+def test_a_checkpoint_damaged_on_one_worker_falls_back_on_every_rank(dataset):
+    from ibtmpi import checkpoint as ckpt
+    extra = ("run.checkpoint_every=1",)
+    straight = Trainer(make_cfg(dataset, "admm", extra=extra), log=lambda m: None)
+    straight.run()
+    first = make_cfg(dataset, "admm", extra=extra + ("run.passes=0.5",))
+    Trainer(first, log=lambda m: None).run()
+    run = first["run"]["dir"]
+    W.Barrier()
+    if W.Get_rank() == 0:
+        newest = ckpt.complete(run)[-1]
+        with open(os.path.join(ckpt.ckpt_dir(run, newest), ckpt.rank_file(1)), "r+b") as f:
+            f.truncate(64)
+    W.Barrier()
+    logs = []
+    t = Trainer(make_cfg(dataset, "admm", extra=extra + (f"run.dir={run}",)), log=logs.append)
+    t.run()
+    if W.Get_rank() == 0:
+        assert any("cannot be read (rank 1:" in m for m in logs)
     assert t.z.tobytes() == straight.z.tobytes()

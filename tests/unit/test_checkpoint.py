@@ -159,3 +159,26 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
     logs = []
     Trainer(c2, log=logs.append).run()
     assert any("resuming from" in m for m in logs)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(small_dataset, tmp_path,
+                                                                 monkeypatch):
+    ref = Trainer(cfg(small_dataset, tmp_path / "a", "ibt"), log=lambda m: None)
+    ref.run()
+    monkeypatch.setenv("IBTMPI_FAULT", "0:5:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(cfg(small_dataset, tmp_path / "b", "ibt"), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    run = str(tmp_path / "b")
+    assert ckpt.complete(run)[-2:] == [1, 3]
+    with open(os.path.join(ckpt.ckpt_dir(run, 3), ckpt.rank_file(0)), "r+b") as f:
+        f.truncate(100)                              # storage damage
+    logs = []
+    t = Trainer(cfg(small_dataset, tmp_path / "b", "ibt"), log=logs.append)
+    t.run()
+    assert any("cannot be read" in m and "set aside" in m for m in logs)
+    assert any("resuming from" in m and "ckpt-00000001" in m for m in logs)
+    assert os.path.isdir(os.path.join(run, "checkpoints", "damaged-ckpt-00000003"))
+    assert t.z.tobytes() == ref.z.tobytes()
+    lines = [json.loads(l) for l in open(tmp_path / "b" / "metrics.jsonl")]
+    assert [l["block"] for l in lines] == list(range(ref.total_blocks))

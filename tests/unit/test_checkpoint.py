@@ -23,18 +23,23 @@ def cfg(path, run_dir, algo, **extra):
     return load(None, sets + [f"{k}={v}" for k, v in extra.items()])
 
 
+def _interrupted(data, tmp_path, monkeypatch, algo):
+    """The uninterrupted run in tmp_path/a (returned) and the same run in
+    tmp_path/b stopped by a fault in block 5 (checkpoints 1 and 3 complete)."""
+    ref = Trainer(cfg(data, tmp_path / "a", algo), log=lambda m: None)
+    ref.run()
+    monkeypatch.setenv("IBTMPI_FAULT", "0:5:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(cfg(data, tmp_path / "b", algo), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    assert ckpt.complete(str(tmp_path / "b"))[-2:] == [1, 3]
+    return ref
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_resume_is_bitwise_exact(small_dataset, tmp_path, monkeypatch, algo):
-    ref = Trainer(cfg(small_dataset, tmp_path / "a", algo), log=lambda m: None)
-    ref.run()
+    ref = _interrupted(small_dataset, tmp_path, monkeypatch, algo)
     z_ref = ref.z.copy()
-    # interrupted: a fault in block 5 (checkpoints at blocks 1 and 3 complete)
-    monkeypatch.setenv("IBTMPI_FAULT", "0:5:compute")
-    t = Trainer(cfg(small_dataset, tmp_path / "b", algo), log=lambda m: None)
-    with pytest.raises(InjectedFault):
-        t.run()
-    assert ckpt.complete(str(tmp_path / "b"))[-1] == 3
-    monkeypatch.delenv("IBTMPI_FAULT")
     logs = []
     t2 = Trainer(cfg(small_dataset, tmp_path / "b", algo), log=logs.append)
     t2.run()
@@ -115,12 +120,7 @@ def test_resume_follows_the_data_not_its_path(small_dataset, tmp_path, monkeypat
     """A copy of the dataset staged elsewhere (node-local scratch after a
     requeue) resumes; a regenerated dataset at the same path is refused."""
     import shutil
-    ref = Trainer(cfg(small_dataset, tmp_path / "a", "ibt"), log=lambda m: None)
-    ref.run()
-    monkeypatch.setenv("IBTMPI_FAULT", "0:5:compute")
-    with pytest.raises(InjectedFault):
-        Trainer(cfg(small_dataset, tmp_path / "b", "ibt"), log=lambda m: None).run()
-    monkeypatch.delenv("IBTMPI_FAULT")
+    ref = _interrupted(small_dataset, tmp_path, monkeypatch, "ibt")
     staged = tmp_path / "scratch" / "data"
     shutil.copytree(small_dataset, staged)
     c = cfg(small_dataset, tmp_path / "b", "ibt")
@@ -163,14 +163,8 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(small_dataset, tmp_path,
                                                                  monkeypatch):
-    ref = Trainer(cfg(small_dataset, tmp_path / "a", "ibt"), log=lambda m: None)
-    ref.run()
-    monkeypatch.setenv("IBTMPI_FAULT", "0:5:compute")
-    with pytest.raises(InjectedFault):
-        Trainer(cfg(small_dataset, tmp_path / "b", "ibt"), log=lambda m: None).run()
-    monkeypatch.delenv("IBTMPI_FAULT")
+    ref = _interrupted(small_dataset, tmp_path, monkeypatch, "ibt")
     run = str(tmp_path / "b")
-    assert ckpt.complete(run)[-2:] == [1, 3]
     with open(os.path.join(ckpt.ckpt_dir(run, 3), ckpt.rank_file(0)), "r+b") as f:
         f.truncate(100)                              # storage damage
     logs = []

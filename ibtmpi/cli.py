@@ -283,8 +283,9 @@ def cmd_train(args):
                 if rank <= 1:
                     log(f"workers compute on GPU (rank {rank}: device {gpu})")
         cfg = load(args.config, overrides)
-        if rank == 0:
-            _check_writable(cfg["run"]["dir"])
+        # every rank writes its checkpoint file there: find out now, not
+        # after the first pass of compute
+        _check_writable(cfg["run"]["dir"])
         threads.configure(cfg["run"]["threads"])
         from .backend import resolve_cuda_aware
         distributed = size > 1 and not cfg["run"]["simulate"]

@@ -255,3 +255,21 @@ def test_a_setup_error_on_the_workers_alone_is_reported_by_them(small_dataset, t
     assert r.returncode != 0 and time.time() - t0 < 60
     assert "] ibtmpi train: error: dataset directory" in r.stderr
     assert "missing does not exist" in r.stderr
+
+
+def test_a_run_dir_the_workers_cannot_write_fails_at_start(small_dataset, tmp_path):
+    """Workers write their checkpoint files into run.dir too: a directory they
+    cannot create is reported before any training (MPMD launch: only the
+    workers get the bad path)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    rank0 = [sys.executable, "-m", "ibtmpi", "train", "--quiet"] + base_sets(
+        small_dataset, tmp_path / "run")
+    workers = [sys.executable, "-m", "ibtmpi", "train", "--quiet"] + base_sets(
+        small_dataset, blocker / "run")
+    r = subprocess.run([MPIEXEC, "-n", "1"] + rank0 + [":", "-n", "2"] + workers,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "] ibtmpi train: error: run.dir" in r.stderr and "is not writable" in r.stderr
+    m = tmp_path / "run" / "metrics.jsonl"
+    assert not m.exists() or m.read_text() == ""              # no block was trained

@@ -116,6 +116,7 @@ def load_run(d):
         "algorithm": s["algorithm"], "N": s["N"], "simulated": s.get("simulated", False),
         "world_size": s.get("world_size"), "test_acc": s.get("test_acc"),
         "passes": passes, "block_size": cfg["data"]["block_size"],
+        "batch": cfg["data"]["batch"],
         "split_size": cfg["data"]["split_size"],
         "wall_per_pass": sum(l["wall_s"] for l in lines) / passes,
         "critical_per_pass": sum(l["compute_max_s"] + l["data_wait_max_s"]
@@ -224,7 +225,9 @@ def report(run_dirs, out_dir, target_pt=0.5):
         gap = (base["test_acc"] - ibt[-1]["test_acc"]) * 100
         md.append(f"- ibt at N = {ibt[-1]['N']} within {target_pt} pt of N = 1: "
                   f"{'MET' if gap <= target_pt else 'NOT MET'} ({ibt[-1]['test_acc']:.4f} vs "
-                  f"{base['test_acc']:.4f}, {gap:+.2f} pt)")
+                  f"{base['test_acc']:.4f}, {gap:+.2f} pt; {ibt[-1]['passes']:g} vs "
+                  f"{base['passes']:g} passes, local batch {ibt[-1]['batch']} vs "
+                  f"{base['batch']})")
     md.append("- projected speedup at 32 workers >= 30x: see benchmarks/bench_scaling.py "
               "(alpha-beta model calibrated by a measured Allreduce sweep)")
     files = _plots(ok, out_dir)

@@ -35,6 +35,21 @@ def _h5():
     return h5py
 
 
+def open_read(path):
+    """An HDF5 shard opened read-only WITHOUT file locking. HDF5 >= 1.10
+    locks files by default and fails to open them on parallel file systems
+    without flock support ("unable to lock file, errno = 524" on Lustre or
+    NFS mounts); the shards are never written while anyone trains on them
+    (prep writes to a temporary name and renames), so readers need no lock.
+    One setting for the whole process: HDF5 refuses to open a file twice
+    with different locking flags."""
+    h5py = _h5()
+    try:
+        return h5py.File(path, "r", locking=False)
+    except (TypeError, ValueError):          # h5py < 3.5 / HDF5 without the option
+        return h5py.File(path, "r")
+
+
 class SplitReader:
     """The files of one split viewed as one global row index space."""
 
@@ -49,8 +64,7 @@ class SplitReader:
 
     def _open(self):
         if self._handles is None:
-            h5py = _h5()
-            self._handles = [h5py.File(f, "r") for f in self.files]
+            self._handles = [open_read(f) for f in self.files]
         return self._handles
 
     def close(self):
@@ -157,7 +171,6 @@ class Dataset:
             raise DatasetError(f"{where}: mean/std must have {c} entries, std > 0")
 
     def _open_split(self, name, info):
-        h5py = _h5()
         files = info.get("files")
         counts = info.get("counts")
         if (not isinstance(files, list) or not isinstance(counts, list)
@@ -177,7 +190,7 @@ class Dataset:
                 raise DatasetError(f"{p} is missing (listed in dataset.json, "
                                    f"split {name!r})")
             try:
-                f = h5py.File(p, "r")
+                f = open_read(p)
             except OSError as e:
                 raise DatasetError(f"{p}: cannot be read as HDF5 (truncated or "
                                    f"corrupt?): {e}") from None

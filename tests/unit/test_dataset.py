@@ -144,3 +144,13 @@ def test_absurd_image_shape_refused_before_allocation(ds):
     json.dump(meta, open(p, "w"))
     with pytest.raises(DatasetError, match="bad image_shape"):
         Dataset(ds)
+
+
+def test_shards_are_read_without_hdf5_file_locking(small_dataset):
+    """Parallel file systems without flock support make a locking open fail
+    ("unable to lock file"); readers never need the lock."""
+    sp = Dataset(small_dataset).split("train")
+    sp.read_all()
+    for f in sp._open():
+        assert f.id.get_access_plist().get_file_locking()[0] == 0
+    sp.close()

@@ -129,6 +129,10 @@ def build_parser():
     b = bsub.add_parser("report")
     b.add_argument("runs", nargs="+", help="run directories")
     b.add_argument("--out", required=True)
+    b.add_argument("--holdout", metavar="DATA",
+                   help="a dataset the runs never saw (e.g. `ibtmpi prep synth` with "
+                        "another --seed): the accuracy target is also decided on its "
+                        "test split, with the paired standard error of the gap")
 
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
     p.add_argument("--model", default="reference")
@@ -498,6 +502,8 @@ def cmd_plot(args):
 def cmd_bench(args):
     import os
     from . import bench
+    from .dataset import DatasetError
+    from .outputs import TrainedModelError
     if args.bench_cmd == "run":
         if not os.path.exists(os.path.join(args.data, "dataset.json")):
             from .data_prep.prep import prep_synth
@@ -513,8 +519,8 @@ def cmd_bench(args):
         return 0
     if args.bench_cmd == "report":
         try:
-            text, files = bench.report(args.runs, args.out)
-        except ValueError as e:
+            text, files = bench.report(args.runs, args.out, holdout=args.holdout)
+        except (ValueError, DatasetError, TrainedModelError) as e:
             raise UsageError(str(e)) from None
         print(text)
         print(f"wrote {args.out}/report.md, report.json and {len(files)} plots")

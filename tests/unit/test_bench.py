@@ -7,17 +7,23 @@ from ibtmpi.config import load
 from ibtmpi.trainer import Trainer
 
 
-def test_report_tables_plots_and_targets(small_dataset, tmp_path, capsys):
+def _runs(data, tmp_path, specs):
+    """Tiny finished runs (name, algorithm, N) in tmp_path; their directories."""
     runs = []
-    for name, algo, n in (("t1-sgd-1", "sgd", 1), ("t1-admm-2", "admm", 2),
-                          ("t1-ibt-2", "ibt", 2)):
+    for name, algo, n in specs:
         d = str(tmp_path / name)
-        cfg = load(None, [f"data.path={small_dataset}", f"algorithm.name={algo}",
+        cfg = load(None, [f"data.path={data}", f"algorithm.name={algo}",
                           "data.split_size=40", "data.batch=16", "model.layers=tiny",
                           "run.passes=2", "run.quiet=true", f"run.dir={d}",
                           f"run.simulate={n if n > 1 else 0}", "run.threads=1"])
         Trainer(cfg, log=lambda m: None).run()
         runs.append(d)
+    return runs
+
+
+def test_report_tables_plots_and_targets(small_dataset, tmp_path, capsys):
+    runs = _runs(small_dataset, tmp_path, (("t1-sgd-1", "sgd", 1), ("t1-admm-2", "admm", 2),
+                                           ("t1-ibt-2", "ibt", 2)))
     div = tmp_path / "t1-bmuf-2"
     div.mkdir()
     (div / "diverged.json").write_text(json.dumps({"algorithm": "bmuf", "N": 2,
@@ -37,3 +43,36 @@ def test_report_tables_plots_and_targets(small_dataset, tmp_path, capsys):
     for f in ("t4_val_accuracy.png", "t5_residuals_rho.png"):
         assert (out / f).stat().st_size > 2000
     assert main(["bench", "report", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+
+
+def test_holdout_decides_the_target_with_a_paired_standard_error(small_dataset, tmp_path):
+    """bench report --holdout: both models predict the same unseen images;
+    gap and SE equal a direct per-image computation."""
+    import math
+    import numpy as np
+    from ibtmpi import bench
+    from ibtmpi.data_prep.prep import prep_synth
+    from ibtmpi.dataset import Dataset
+    from ibtmpi.outputs import load_trained
+    runs = _runs(small_dataset, tmp_path, (("t1-sgd-1", "sgd", 1), ("t1-ibt-2", "ibt", 2)))
+    hold = str(tmp_path / "hold")
+    prep_synth(hold, n=300, size=16, seed=11, shards=1, quiet=True)
+    g = bench.paired_gap(runs[0], runs[1], hold)
+    sp = Dataset(hold).split("test")
+    a = load_trained(runs[0]).probs(sp.read_all()).argmax(1) == sp.labels
+    b = load_trained(runs[1]).probs(sp.read_all()).argmax(1) == sp.labels
+    n = len(a)
+    diffs = [int(p) - int(q) for p, q in zip(a, b)]
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1))
+    assert g["n"] == n and g["base_acc"] == a.mean() and g["other_acc"] == b.mean()
+    assert math.isclose(g["gap_pt"], 100 * mean, abs_tol=1e-9)
+    assert math.isclose(g["se_pt"], 100 * sd / math.sqrt(n), rel_tol=1e-9)
+    out = tmp_path / "rep"
+    assert main(["bench", "report", *runs, "--out", str(out), "--holdout", hold]) == 0
+    md = (out / "report.md").read_text()
+    assert f"on the held-out set {hold} ({n:,} images)" in md
+    assert f"gap {g['gap_pt']:+.2f} pt, paired SE {g['se_pt']:.2f} pt" in md
+    assert main(["bench", "report", *runs, "--out", str(out), "--holdout",
+                 str(tmp_path / "none")]) == 2
+    assert np.isfinite(g["se_pt"])

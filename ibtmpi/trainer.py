@@ -228,9 +228,7 @@ class Trainer:
         P, n = self.P, self.n_workers
         send, recv = self.send, self.recv
         send.fill(0)
-        vec = send[:P]
-        if self.gpu_buffers:
-            vec = self._send_d[:P]
+        vec = self._send_d[:P] if self.gpu_buffers else send[:P]
         tmp = np.empty(P, np.float32) if len(self.local) > 1 else None
         self._mark_flags()
         for i in self.local:
@@ -377,10 +375,8 @@ class Trainer:
                 x, y = data[i][s]
                 if len(y):
                     loss, c = self.model.loss_and_grad(x, y)
-                    if self.gpu_buffers:
-                        gsum += self.model.grads
-                    else:
-                        gsum += self._host(self.model.grads)
+                    g = self.model.grads
+                    gsum += g if self.gpu_buffers else self._host(g)
                     send[P:P + 3] += np.array([loss * len(y), len(y), c], np.float32)
                 send[P + NS + i] += time.perf_counter() - t0
                 if s == 0:

@@ -552,6 +552,12 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as e:        # comm.MPIUnavailable: a launch without MPI
+        comm = sys.modules.get(__package__ + ".comm")
+        if comm is None or not isinstance(e, comm.MPIUnavailable):
+            raise
+        print(f"ibtmpi {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except BrokenPipeError:            # e.g. `ibtmpi evaluate ... | head`
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -7,19 +7,82 @@ own report on CUDA buffers (``cuda_support``). Buffers may be NumPy or, with
 a CUDA-aware library, CuPy arrays (mpi4py reads __cuda_array_interface__;
 the caller synchronizes the stream first). Test: tests/mpi/test_comm.py
 under mpiexec -n 2 and -n 3.
+
+Without a usable MPI (mpi4py missing, or installed without an MPI library
+for it to load) a process that no launcher started runs as a one-rank world:
+single-process training and ``--simulate`` need no MPI. A process that a
+launcher started as one of several ranks raises MPIUnavailable instead of
+running alone (each rank would train the whole job and overwrite the
+others' files). Test: tests/unit/test_comm_serial.py.
 """
 from __future__ import annotations
 
-from mpi4py import MPI
+import os
+
+try:
+    from mpi4py import MPI
+    MISSING = ""
+except (ImportError, RuntimeError) as _e:   # RuntimeError: mpi4py found no libmpi
+    MPI = None
+    MISSING = (f"mpi4py could not be loaded ({type(_e).__name__}: "
+               f"{str(_e).strip().splitlines()[0] if str(_e).strip() else ''})")
+
+
+class MPIUnavailable(RuntimeError):
+    """Several ranks were launched but this process has no usable MPI."""
+
+
+# set by the launchers in each rank's environment: Hydra/MPICH/Intel MPI and
+# srun --mpi=pmi2 (PMI_SIZE), Open MPI (OMPI_COMM_WORLD_SIZE), any srun step
+_LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+class _SerialComm:
+    """COMM_WORLD of a process without MPI: one rank, collectives are copies."""
+
+    def Get_size(self):
+        return 1
+
+    def Get_rank(self):
+        return 0
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def allgather(self, obj):
+        return [obj]
+
+    def allreduce(self, obj, op=None):
+        return obj
+
+    def Barrier(self):
+        pass
+
+    def Abort(self, code=1):
+        os._exit(code)
+
+
+def _serial():
+    for var in _LAUNCHER_SIZE:
+        v = os.environ.get(var, "")
+        if v.isdigit() and int(v) > 1:
+            raise MPIUnavailable(
+                f"this process is one of {v} ranks ({var}={v}) but has no usable MPI: "
+                f"{MISSING}. Install an MPI that mpi4py can load (pip install mpich, "
+                f"or load your cluster's MPI module and rebuild mpi4py against it), "
+                f"or run one process with --simulate N")
+    return _SerialComm()
 
 
 def world():
-    return MPI.COMM_WORLD
+    return MPI.COMM_WORLD if MPI is not None else _serial()
 
 
 def node_rank_size(comm=None):
     """(rank among the ranks on this node, number of ranks on this node)."""
-    comm = comm or MPI.COMM_WORLD
+    comm = comm or world()
+    if MPI is None:
+        return 0, 1
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         return node.Get_rank(), node.Get_size()
@@ -28,6 +91,8 @@ def node_rank_size(comm=None):
 
 
 def library_version():
+    if MPI is None:
+        return f"none: {MISSING}; one process only (--simulate N needs no MPI)"
     return MPI.Get_library_version().strip().splitlines()[0]
 
 
@@ -98,7 +163,7 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     if given, is called every round and may raise (the watchdog).
     """
     import time
-    comm = comm or MPI.COMM_WORLD
+    comm = comm or world()
     if count:                      # block / minibatch reductions
         STATS["allreduce"] += 1
         STATS["bytes"] += send.nbytes
@@ -122,12 +187,12 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
 
 def bcast(obj, root=0, comm=None):
     """A small Python object from root to every rank (start-up decisions)."""
-    return (comm or MPI.COMM_WORLD).bcast(obj, root=root)
+    return (comm or world()).bcast(obj, root=root)
 
 
 def allgather(obj, comm=None):
     """One small Python object from every rank, to every rank (start-up)."""
-    return (comm or MPI.COMM_WORLD).allgather(obj)
+    return (comm or world()).allgather(obj)
 
 
 def np_copy(dst, src):
@@ -136,19 +201,19 @@ def np_copy(dst, src):
 
 def self_comm():
     """A one-rank communicator: the simulator's 'Allreduce' is a copy."""
-    return MPI.COMM_SELF
+    return MPI.COMM_SELF if MPI is not None else _SerialComm()
 
 
 def abort(code=1, comm=None):
-    (comm or MPI.COMM_WORLD).Abort(code)
+    (comm or world()).Abort(code)
 
 
 def world_size():
-    return MPI.COMM_WORLD.Get_size()
+    return world().Get_size()
 
 
 def world_rank():
-    return MPI.COMM_WORLD.Get_rank()
+    return world().Get_rank()
 
 
 # -- watchdog arrivals (point-to-point, only when the watchdog is on) ---------
@@ -159,7 +224,7 @@ ARRIVE_TAG = 7301
 def send_arrival(block, comm=None):
     """A worker tells rank 0 it reached block's Allreduce (non-blocking)."""
     import numpy as np
-    comm = comm or MPI.COMM_WORLD
+    comm = comm or world()
     buf = np.array([block], np.int64)
     return comm.Isend(buf, dest=0, tag=ARRIVE_TAG), buf
 
@@ -167,7 +232,7 @@ def send_arrival(block, comm=None):
 def post_arrivals(comm=None):
     """Rank 0: one receive per worker rank; returns {rank: (request, buf)}."""
     import numpy as np
-    comm = comm or MPI.COMM_WORLD
+    comm = comm or world()
     out = {}
     for r in range(1, comm.Get_size()):
         buf = np.zeros(1, np.int64)
@@ -180,7 +245,8 @@ def missing_arrivals(posted):
 
 
 def wait_all(reqs):
-    MPI.Request.Waitall([r for r in reqs])
+    if reqs:
+        MPI.Request.Waitall(list(reqs))
 
 
 def install_abort_hooks(rank):
@@ -194,8 +260,8 @@ def install_abort_hooks(rank):
         sys.stderr.write(f"[rank {rank}] uncaught exception:\n"
                          + "".join(traceback.format_exception(et, ev, tb)))
         sys.stderr.flush()
-        if MPI.COMM_WORLD.Get_size() > 1:
-            MPI.COMM_WORLD.Abort(1)
+        if world().Get_size() > 1:
+            world().Abort(1)
 
     sys.excepthook = hook
     threading.excepthook = lambda a: hook(a.exc_type, a.exc_value, a.exc_traceback)
@@ -206,6 +272,8 @@ def allreduce_sweep(sizes_bytes, reps=7, warmup=2):
     the measurements that calibrate the alpha-beta model (bench_scaling)."""
     import time
     import numpy as np
+    if MPI is None:
+        raise MPIUnavailable(f"the Allreduce sweep needs MPI: {MISSING}")
     w = MPI.COMM_WORLD
     out = []
     for n in sizes_bytes:
@@ -226,10 +294,12 @@ def allreduce_sweep(sizes_bytes, reps=7, warmup=2):
 def worker_local_rank(comm=None):
     """This rank's index among the WORKER ranks (world rank >= 1) on its node,
     from Split_type (launcher independent); -1 on the master."""
-    comm = comm or MPI.COMM_WORLD
+    comm = comm or world()
     me = comm.Get_rank()
     if me == 0 and comm.Get_size() > 1:
         return -1
+    if MPI is None:
+        return 0
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     try:
         ranks = node.allgather(me)

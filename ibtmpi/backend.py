@@ -249,6 +249,13 @@ class GpuOps:
         return out
 
     def softmax_xent_forward(self, logits, labels):
+        loss, probs = self.softmax_xent_forward_device(logits, labels)
+        return float(loss), probs
+
+    def softmax_xent_forward_device(self, logits, labels):
+        """softmax_xent_forward with the mean loss left on the device as a
+        0-d array (reading it waits for the GPU; Model.loss_and_grad(lazy=True)
+        defers that to once per block)."""
         cp = self.cp
         logits = cp.ascontiguousarray(logits)
         labels = cp.asarray(labels, dtype=cp.int64)
@@ -257,7 +264,7 @@ class GpuOps:
         nll = cp.empty(n, logits.dtype)
         self._launch("softmax_xent.cu", "softmax_xent_fwd", n, logits, labels, probs, nll,
                      np.int32(n), np.int32(k))
-        return float(nll.mean()), probs
+        return nll.mean(), probs
 
     def softmax_xent_backward(self, probs, labels, out=None):
         cp = self.cp

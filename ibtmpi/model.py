@@ -250,16 +250,28 @@ class Model:
         for i in range(last, -1, -1):
             dy = self.layers[i].backward(dy, need_dx=i > 0)
 
-    def loss_and_grad(self, x, labels):
+    def loss_and_grad(self, x, labels, lazy=False):
         """One forward+backward on a batch; fills self.grads.
 
-        Returns (mean loss, number of correct predictions)."""
-        o = self.device_ops or ops
+        Returns (mean loss, number of correct predictions). lazy=True on a
+        GPU returns both as 0-d device arrays: no host synchronization per
+        step, so the CPU queues the next step's kernels while the GPU runs
+        this one; float()/int() them once per block. On the CPU lazy
+        changes nothing."""
         logits = self.forward(x, train=True)
-        loss, probs = o.softmax_xent_forward(logits, labels)
-        correct = int((probs.argmax(axis=1) == self.xp.asarray(labels)).sum())
-        self.backward(o.softmax_xent_backward(probs, labels))
-        return loss, correct
+        d = self.device_ops
+        if d is None:
+            loss, probs = ops.softmax_xent_forward(logits, labels)
+            correct = int((probs.argmax(axis=1) == np.asarray(labels)).sum())
+            self.backward(ops.softmax_xent_backward(probs, labels))
+            return loss, correct
+        y = self.xp.asarray(labels, dtype=np.int64)    # ONE copy for loss, count, grad
+        loss, probs = d.softmax_xent_forward_device(logits, y)
+        correct = (probs.argmax(axis=1) == y).sum()
+        self.backward(d.softmax_xent_backward(probs, y))
+        if lazy:       # float64 as float() gives: sums match the eager path's
+            return loss.astype(np.float64), correct
+        return float(loss), int(correct)
 
     def evaluate(self, x, labels, batch=256):
         """Mean loss and accuracy over (x, labels) in batches, no grads."""

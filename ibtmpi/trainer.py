@@ -202,16 +202,18 @@ class Trainer:
                               self.ds.std, out, batch)
 
     def _run_steps(self, mbs):
+        # lazy: on a GPU the sums stay on the device (no host sync per step)
+        # and are read once, here at the end of the worker's block
         loss_sum, n, correct = 0.0, 0, 0
         for x, y in mbs:
             if len(y) == 0:
                 continue
-            loss, c = self.model.loss_and_grad(x, y)
+            loss, c = self.model.loss_and_grad(x, y, lazy=True)
             self.opt.step(self.model.grads)
-            loss_sum += loss * len(y)
+            loss_sum = loss_sum + loss * len(y)
             n += len(y)
-            correct += c
-        return loss_sum, n, correct
+            correct = correct + c
+        return float(loss_sum), n, int(correct)
 
     def _swap_in(self, i):
         # several simulated workers share one optimizer: swap their momentum

@@ -67,6 +67,7 @@ DEFAULTS = {
         "eval_every": 0,         # evaluate z on val every k blocks; 0: each pass
         "threads": "auto",       # BLAS threads per rank
         "quiet": False,
+        "progress_s": 60.0,      # seconds between progress lines in batch logs; 0: off
         "simulate": 0,           # > 0: N logical workers in one process
         "checkpoint_every": 0,   # blocks between checkpoints; 0: once per pass
         "keep_checkpoints": 2,   # complete checkpoints kept
@@ -178,6 +179,7 @@ def validate(cfg):
         (r["checkpoint_every"] >= 0, "run.checkpoint_every must be >= 0"),
         (r["keep_checkpoints"] >= 1, "run.keep_checkpoints must be >= 1"),
         (r["watchdog_s"] >= 0, "run.watchdog_s must be >= 0"),
+        (r["progress_s"] >= 0, "run.progress_s must be >= 0"),
         (r["resume"] in ("auto", "always", "never"),
          "run.resume must be auto, always or never"),
         (r["cuda_aware"] in ("auto", "on", "off"),

@@ -639,6 +639,9 @@ class Trainer:
         if self.is_master and not r["quiet"] and sys.stderr.isatty():
             from tqdm import tqdm
             bar = tqdm(total=self.total_blocks, initial=start, unit="block", leave=False)
+        # no terminal (a batch job's log): a progress line every progress_s
+        progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
+            if self.is_master and bar is None and not r["quiet"] else None
         t_start = time.perf_counter()
         cpu_start = time.process_time()
         calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
@@ -688,6 +691,8 @@ class Trainer:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{rec['train_loss']:.3f}")
+                    if progress is not None and not last:
+                        progress.block_done(k, rec, self.sched.blocks_per_pass)
                 if (k + 1) % every == 0 or last or self.stop_agreed:
                     self._finish_eval()            # metrics line k before checkpoint k
                     self._checkpoint(k)
@@ -792,10 +797,44 @@ class Trainer:
             self.log(msg)
 
 
+class Progress:
+    """A line per `every_s` seconds for logs that are not a terminal (Slurm
+    output files): where the run is, the block's train loss, the throughput
+    and the time left at the rate so far; none for a pass's last block (the
+    pass line follows). every_s = 0: no lines."""
+
+    def __init__(self, total, start, every_s, log, clock=time.perf_counter):
+        self.total, self.start, self.every, self.log, self.clock = \
+            total, start, every_s, log, clock
+        self.t0 = self.last = clock()
+        self.images = 0
+
+    def block_done(self, k, rec, blocks_per_pass):
+        self.images += rec["samples"]
+        now = self.clock()
+        if rec["block_in_pass"] + 1 == blocks_per_pass:
+            self.last = now            # the pass line reports this block
+            return
+        if not self.every or now - self.last < self.every:
+            return
+        self.last = now
+        done, left = k + 1 - self.start, self.total - (k + 1)
+        el = now - self.t0
+        self.log(f"block {k + 1}/{self.total} (pass {rec['pass'] + 1}, "
+                 f"{rec['block_in_pass'] + 1}/{blocks_per_pass}): train loss "
+                 f"{rec['train_loss']:.4f}, {self.images / max(el, 1e-9):.0f} img/s, "
+                 f"{_hms(el)} elapsed, about {_hms(el / done * left)} left")
+
+
+def _hms(s):
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
 def run_hash(cfg, legacy=False):
     """Digest of what determines the computation, not operational keys
     (passes, threads, quiet, eval/checkpoint cadence, run dir, watchdog,
-    cuda_aware) nor where the data lives: data.path may move (a copy staged
+    cuda_aware, progress_s) nor where the data lives: data.path may move (a copy staged
     to node-local scratch after a requeue); the manifest's dataset
     fingerprint says whether it is the same data. legacy: the digest of
     checkpoints written before that (path included, no cuda_aware key),
@@ -804,7 +843,7 @@ def run_hash(cfg, legacy=False):
     c = copy.deepcopy(cfg)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware"):
+                "cuda_aware", "progress_s"):
         c["run"].pop(key, None)
     if not legacy:
         c["data"].pop("path", None)

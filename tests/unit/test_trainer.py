@@ -105,3 +105,48 @@ def test_warmup_adds_its_allreduces_and_restarts_consensus(small_dataset, tmp_pa
     s = t.run()
     assert s["allreduce_calls"] == t.total_blocks + 5
     assert not np.array_equal(init, t.z)
+
+
+def test_progress_lines_follow_the_clock_and_estimate_the_rest():
+    from ibtmpi.trainer import Progress
+    t = [100.0]
+    lines = []
+    pr = Progress(total=10, start=2, every_s=60, log=lines.append, clock=lambda: t[0])
+
+    def rec(k):
+        return {"samples": 50, "pass": k // 5, "block_in_pass": k % 5, "train_loss": 0.5}
+    t[0] = 130.0
+    pr.block_done(2, rec(2), 5)            # 30 s: too soon
+    assert lines == []
+    t[0] = 160.0
+    pr.block_done(3, rec(3), 5)            # 60 s, 2 blocks done, 6 left
+    assert lines == ["block 4/10 (pass 1, 4/5): train loss 0.5000, 2 img/s, "
+                     "0:01:00 elapsed, about 0:03:00 left"]
+    t[0] = 400.0
+    pr.block_done(4, rec(4), 5)            # a pass's last block: the pass line says it
+    assert len(lines) == 1
+    t[0] = 430.0
+    pr.block_done(5, rec(5), 5)            # 30 s after the pass line: too soon
+    assert len(lines) == 1
+    off = Progress(10, 0, 0, lines.append, clock=lambda: t[0])
+    t[0] = 1e6
+    off.block_done(0, rec(0), 5)
+    assert len(lines) == 1
+
+
+@pytest.mark.parametrize("extra,expect", [([], True), (["run.progress_s=0"], False),
+                                          (["run.quiet=true"], False)])
+def test_progress_lines_in_a_log(small_dataset, tmp_path, capsys, extra, expect):
+    """stderr is not a terminal under pytest: the batch-log lines appear
+    unless progress_s = 0 or quiet; the run's digest ignores progress_s."""
+    from ibtmpi.trainer import run_hash
+    sets = [f"data.path={small_dataset}", "data.split_size=40", "model.layers=tiny",
+            f"run.dir={tmp_path}", "run.simulate=2", "run.passes=1"]
+    cfg = load(None, sets + ["run.progress_s=1e-9"] + extra)
+    logs = []
+    Trainer(cfg, log=logs.append).run()
+    got = [m for m in logs if m.startswith("block ")]
+    assert bool(got) == expect, logs
+    if expect:
+        assert got[0].startswith("block 1/") and "left" in got[0]
+    assert run_hash(cfg) == run_hash(load(None, sets))

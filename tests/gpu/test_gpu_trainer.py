@@ -1,0 +1,51 @@
+"""The trainer with real CuPy workers against the NumPy backend, and the
+no-host-sync local steps, on a real GPU. Skipped where CuPy or a device is
+missing. Run: pytest -m gpu tests/gpu"""
+import numpy as np
+import pytest
+
+from ibtmpi import backend
+
+OK, WHY = backend.gpu_status()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no GPU: {WHY}")]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from ibtmpi.data_prep.prep import prep_synth
+    out = str(tmp_path_factory.mktemp("ds") / "synth16")
+    prep_synth(out, n=600, size=16, seed=4, shards=3, quiet=True)
+    return out
+
+
+@pytest.mark.parametrize("algo", ["admm", "ibt", "easgd", "ssgd"])
+def test_gpu_workers_match_the_host_backend(data, tmp_path, algo):
+    from ibtmpi.config import load
+    from ibtmpi.trainer import Trainer
+
+    def cfg(d):
+        return load(None, [f"data.path={data}", f"algorithm.name={algo}",
+                           "data.split_size=40", "data.batch=16", "model.layers=tiny",
+                           "run.passes=0.5", "run.quiet=true", f"run.dir={d}",
+                           "run.simulate=2", "run.threads=1"])
+    host = Trainer(cfg(tmp_path / "h"), log=lambda m: None)
+    host.run()
+    dev = Trainer(cfg(tmp_path / "d"), log=lambda m: None, device_ops=backend.GpuOps())
+    dev.run()
+    # cuBLAS sums in another order than NumPy's BLAS: close, not bitwise
+    err = float(np.abs(dev.z - host.z).max() / max(1.0, np.abs(host.z).max()))
+    assert err < 1e-3, err
+    assert dev.summary["test_acc"] == pytest.approx(host.summary["test_acc"], abs=0.05)
+
+
+def test_lazy_loss_stays_on_the_device():
+    from ibtmpi.model import Model
+    g = backend.GpuOps()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 5, 8)
+    m = Model("tiny", (3, 16, 16), 5, ops=g)
+    loss, c = m.loss_and_grad(x, y)
+    lz, cz = m.loss_and_grad(x, y, lazy=True)
+    assert isinstance(lz, g.cp.ndarray) and isinstance(cz, g.cp.ndarray)
+    assert float(lz) == pytest.approx(loss, rel=1e-6) and int(cz) == c

@@ -1,10 +1,15 @@
 """The trainer with real CuPy workers against the NumPy backend, and the
 no-host-sync local steps, on a real GPU. Skipped where CuPy or a device is
 missing. Run: pytest -m gpu tests/gpu"""
+import os
+import sys
+
 import numpy as np
 import pytest
 
 from ibtmpi import backend
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
 
 OK, WHY = backend.gpu_status()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no GPU: {WHY}")]
@@ -20,22 +25,9 @@ def data(tmp_path_factory):
 
 @pytest.mark.parametrize("algo", ["admm", "ibt", "easgd", "ssgd"])
 def test_gpu_workers_match_the_host_backend(data, tmp_path, algo):
-    from ibtmpi.config import load
-    from ibtmpi.trainer import Trainer
-
-    def cfg(d):
-        return load(None, [f"data.path={data}", f"algorithm.name={algo}",
-                           "data.split_size=40", "data.batch=16", "model.layers=tiny",
-                           "run.passes=0.5", "run.quiet=true", f"run.dir={d}",
-                           "run.simulate=2", "run.threads=1"])
-    host = Trainer(cfg(tmp_path / "h"), log=lambda m: None)
-    host.run()
-    dev = Trainer(cfg(tmp_path / "d"), log=lambda m: None, device_ops=backend.GpuOps())
-    dev.run()
+    from test_device_path import device_vs_host
     # cuBLAS sums in another order than NumPy's BLAS: close, not bitwise
-    err = float(np.abs(dev.z - host.z).max() / max(1.0, np.abs(host.z).max()))
-    assert err < 1e-3, err
-    assert dev.summary["test_acc"] == pytest.approx(host.summary["test_acc"], abs=0.05)
+    device_vs_host(data, tmp_path, algo, backend.GpuOps(), 1e-3)
 
 
 def test_lazy_loss_stays_on_the_device():

@@ -10,20 +10,27 @@ from ibtmpi.config import load
 from ibtmpi.trainer import Trainer
 
 
-@pytest.mark.parametrize("algo", ["admm", "ibt", "easgd", "ssgd"])
-def test_device_path_matches_host_backend(small_dataset, tmp_path, algo):
+def device_vs_host(data, tmp_path, algo, ops, tol):
+    """Half a pass of `algo` with 2 simulated workers on `ops` and on the
+    NumPy backend: z must agree to `tol` (also run on a real GPU by
+    tests/gpu/test_gpu_trainer.py)."""
     def cfg(d):
-        return load(None, [f"data.path={small_dataset}", f"algorithm.name={algo}",
+        return load(None, [f"data.path={data}", f"algorithm.name={algo}",
                            "data.split_size=40", "data.batch=16", "model.layers=tiny",
                            "run.passes=0.5", "run.quiet=true", f"run.dir={d}",
                            "run.simulate=2", "run.threads=1"])
     host = Trainer(cfg(tmp_path / "h"), log=lambda m: None)
     host.run()
-    dev = Trainer(cfg(tmp_path / "d"), log=lambda m: None, device_ops=GpuOps(cp=FakeCupy()))
+    dev = Trainer(cfg(tmp_path / "d"), log=lambda m: None, device_ops=ops)
     dev.run()
     err = float(np.abs(dev.z - host.z).max() / max(1.0, np.abs(host.z).max()))
-    assert err < 1e-4, err
+    assert err < tol, err
     assert dev.summary["test_acc"] == pytest.approx(host.summary["test_acc"], abs=0.05)
+
+
+@pytest.mark.parametrize("algo", ["admm", "ibt", "easgd", "ssgd"])
+def test_device_path_matches_host_backend(small_dataset, tmp_path, algo):
+    device_vs_host(small_dataset, tmp_path, algo, GpuOps(cp=FakeCupy()), 1e-4)
 
 
 def test_block_steps_never_read_the_loss_back_per_step(small_dataset, tmp_path):

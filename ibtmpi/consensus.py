@@ -144,15 +144,8 @@ class Consensus:
         u = ws.u
         if to_device is not None:
             c, u = to_device(c), to_device(u)
-        tmp = np.empty_like(c)
-        rho = self.dtype.type(self.rho)
-
-        def add(w, g):
-            np.subtract(w, c, out=tmp)
-            np.add(tmp, u, out=tmp)
-            np.multiply(tmp, rho, out=tmp)
-            np.add(g, tmp, out=g)
-        return add
+        from .optim import Prox
+        return Prox(c, u, self.dtype.type(self.rho))
 
     def contribution(self, ws, w, out):
         """Write worker i's share of S into out (P,); return ||w - z_s||^2."""

@@ -104,7 +104,7 @@ class Trainer:
                            seed=cfg["model"]["seed"], ops=self.dev)
         o = cfg["optim"]
         self.opt = SGD(self.model.params, o["lr"], o["momentum"], o["weight_decay"],
-                       o["nesterov"])
+                       o["nesterov"], ops=self.dev)
         P = self.model.size
         self.P = P
         pinned = self.dev is not None and not self.gpu_buffers

@@ -42,3 +42,52 @@ def test_plain_sgd_without_momentum():
 def test_bad_hyperparameters(kw):
     with pytest.raises(ValueError):
         SGD(np.zeros(2), **kw)
+
+
+class _Counting:
+    """GpuOps on the CuPy stand-in, counting kernel launches by name."""
+
+    def __init__(self):
+        from fakecupy import FakeCupy
+
+        from ibtmpi.backend import GpuOps
+        self.ops, self.calls = GpuOps(cp=FakeCupy()), []
+        launch = self.ops._launch
+        self.ops._launch = lambda f, k, *a: (self.calls.append(k), launch(f, k, *a))
+
+    def __getattr__(self, name):
+        return getattr(self.ops, name)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("prox", [False, True])
+@pytest.mark.parametrize("mu,wd", [(0.9, 5e-4), (0.0, 0.0)])
+def test_device_step_is_one_fused_launch_equal_to_the_numpy_step(nesterov, prox, mu, wd):
+    from ibtmpi.optim import Prox
+    rng = np.random.default_rng(3)
+    P = 1000
+    w0, c, u = (rng.standard_normal(P).astype(np.float32) for _ in range(3))
+    grads = [rng.standard_normal(P).astype(np.float32) for _ in range(4)]
+    wh, wd_ = w0.copy(), w0.copy()
+    host = SGD(wh, 0.05, mu, wd, nesterov,
+               extra_grad=Prox(c, u, np.float32(0.3)) if prox else None)
+    ops = _Counting()
+    dev = SGD(wd_, 0.05, mu, wd, nesterov,
+              extra_grad=Prox(c, u, np.float32(0.3)) if prox else None, ops=ops)
+    for g in grads:
+        host.step(g.copy())
+        dev.step(g.copy())
+    assert ops.calls == ["sgd_update"] * len(grads)
+    np.testing.assert_allclose(wd_, wh, rtol=1e-6, atol=1e-7)
+    if mu:            # without momentum v is never read (the kernel still stores g')
+        np.testing.assert_allclose(dev.v, host.v, rtol=1e-6, atol=1e-7)
+    assert dev.steps == host.steps == len(grads)
+
+
+def test_device_step_with_another_extra_term_takes_the_general_path():
+    ops = _Counting()
+    w = np.ones(4, np.float32)
+    opt = SGD(w, 0.5, 0.0, extra_grad=lambda w_, g_: g_.__iadd__(np.float32(1)), ops=ops)
+    opt.step(np.zeros(4, np.float32))
+    assert ops.calls == []
+    np.testing.assert_array_equal(w, 0.5)

@@ -8,7 +8,8 @@
 # 4. a short training with 2 workers sharing the GPU (mpiexec -n 3 when an
 #    mpiexec exists and mpi4py loads its MPI, else --simulate 2 in one
 #    process, which needs no MPI); with a CUDA-aware MPI
-#    also run.cuda_aware = off, and z of both modes compared bit for bit
+#    also run.cuda_aware = off, and z of both modes compared bit for bit;
+#    the same one-process GPU run twice, z compared bit for bit
 # Our own package is installed from this tree with --no-deps: numpy, h5py,
 # threadpoolctl, tqdm and pillow must be there (bring wheels if not).
 set -uo pipefail
@@ -56,5 +57,14 @@ else
     echo "no usable mpiexec + mpi4py: 2 workers simulated in one process" | tee "$out/train.txt"
     python3 -m ibtmpi train --device gpu --simulate 2 $sets 2>&1 | tee -a "$out/train.txt"
 fi
+# no atomics anywhere: the same GPU run twice must give the same z bit for bit
+rep="--set data.path=$data --set data.split_size=256 --set run.passes=1 --set run.quiet=true"
+for i in 1 2; do
+    python3 -m ibtmpi train --device gpu --simulate 2 $rep --set run.dir=$tmp/rep$i \
+        >/dev/null 2>&1 || echo "repeat run $i failed" | tee -a "$out/train.txt"
+done
+python3 -c "import numpy as np, sys; a, b = (np.load(f'{d}/model.npz') for d in sys.argv[1:]); \
+print('GPU run repeated, z bitwise equal:', a['z'].tobytes() == b['z'].tobytes())" \
+    "$tmp/rep1" "$tmp/rep2" 2>&1 | tee -a "$out/train.txt"
 cp "$tmp/run/summary.json" "$out/train_summary.json" 2>/dev/null
 ls "$out"      # at most 7 files: nvidia-smi, compile, gpu_tests, gpu_step (2), train (2)

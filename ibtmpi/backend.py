@@ -167,14 +167,26 @@ class GpuOps:
         n, f, ho, wo = dy.shape
         kh, kw = w.shape[2], w.shape[3]
         dy2 = cp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(f, -1)
-        db[...] = 0
-        self._k("conv.cu", "bias_grad_rows")((min(f, 65535),), (BLOCK,),
-                                             (dy2, db, np.int32(f), np.int64(dy2.shape[1])))
+        self.bias_grad_rows(dy2, db)
         dw.reshape(f, -1)[...] = cp.matmul(dy2, col.T)
         if not need_dx:
             return None
         dcol = cp.matmul(w.reshape(f, -1).T, dy2)
         return self.col2im(dcol, x_shape, kh, kw, stride, pad)
+
+    def bias_grad_rows(self, dy2, db):
+        """db (F,) = dy2 (F, M) summed over M, without atomics: passes of
+        row_partial_sums (widths ops.row_sum_widths), bitwise the same
+        every run. The NumPy engine does np.sum(dy2, axis=1, out=db)."""
+        from .ops import row_sum_widths
+        f, m = dy2.shape
+        x = dy2
+        for p in row_sum_widths(m):
+            out = db if p == 1 else self.cp.empty((f, p), dy2.dtype)
+            self._launch("conv.cu", "row_partial_sums", f * p, x, out, np.int32(f),
+                         np.int64(m), np.int32(p))
+            x, m = out, p
+        return db
 
     # -- pool, relu -----------------------------------------------------------
     def maxpool_forward(self, x, k=2, stride=2, out=None, argmax=None, ws=None):

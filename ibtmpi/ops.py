@@ -287,6 +287,34 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     return col2im(dcol, x_shape, kh, kw, stride, pad, ws=ws)
 
 
+def row_sum_widths(m, per_thread=64):
+    """The P of each pass of the GPU's deterministic row sum over M columns
+    (kernels/conv.cu row_partial_sums): ceil(M / 64) partial sums per row,
+    again on those, down to 1."""
+    widths = []
+    while True:
+        p = -(-m // per_thread) if m > per_thread else 1
+        widths.append(p)
+        if p == 1:
+            return widths
+        m = p
+
+
+def row_partial_sums(x, p):
+    """NumPy twin of one row_partial_sums pass, with the kernel's order of
+    additions (so float32 results are bitwise equal): out[f, q] = sum of
+    x[f, m] for m = q, q + p, ... in increasing m."""
+    f, m = x.shape
+    k = -(-m // p)
+    padded = np.zeros((f, k * p), x.dtype)      # + 0.0 leaves a sum unchanged
+    padded[:, :m] = x
+    padded = padded.reshape(f, k, p)
+    acc = np.zeros((f, p), x.dtype)
+    for j in range(k):
+        acc += padded[:, j, :]
+    return acc
+
+
 def phase_plain_shape(dy):
     """(N, F, Ho, Wo) of a phase array (see conv2d_forward)."""
     if dy.ndim == 6:

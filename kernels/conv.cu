@@ -84,17 +84,28 @@ extern "C" __global__ void bias_add_cols(float* __restrict__ y, const float* __r
         y[idx] += b[idx % O];
 }
 
-// db[f] = sum_m dy[f, m] for dy (F, M). Row f is handled by blocks
-// f, f + gridDim.x, ...; each thread sums a strided slice of the row and
-// adds its partial sum atomically (db must be zeroed first).
-extern "C" __global__ void bias_grad_rows(const float* __restrict__ dy, float* __restrict__ db,
-                                          int F, long long M)
+// Row sums without atomics, in passes: for x (F, M) and out (F, P),
+//   out[f * P + p] = sum of x[f * M + m] over m = p, p + P, p + 2P, ... < M,
+// added in increasing m. Thread idx = f * P + p; consecutive threads take
+// consecutive p, so a warp reads consecutive addresses. The launcher
+// (backend.GpuOps.bias_grad_rows, widths from ops.row_sum_widths) repeats
+// it with P = ceil(M / 64) until P = 1: each thread adds at most 64 terms
+// and the order of every addition depends on the shape alone, so the conv
+// bias gradient is bitwise the same from run to run (atomicAdd is not).
+// NumPy twin: ops.row_partial_sums.
+extern "C" __global__ void row_partial_sums(const float* __restrict__ x,
+                                            float* __restrict__ out, int F, long long M,
+                                            int P)
 {
-    for (int f = blockIdx.x; f < F; f += gridDim.x) {
+    const long long total = (long long)F * P;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)blockDim.x * gridDim.x) {
+        const long long f = idx / P;
+        const float* row = x + f * M;
         float acc = 0.0f;
-        for (long long m = threadIdx.x; m < M; m += blockDim.x)
-            acc += dy[(long long)f * M + m];
-        atomicAdd(&db[f], acc);
+        for (long long m = idx - f * P; m < M; m += P)
+            acc += row[m];
+        out[idx] = acc;
     }
 }
 

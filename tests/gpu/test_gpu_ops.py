@@ -41,6 +41,20 @@ def test_conv(g, geom):
     close(db, rdb, g, 1e-4)
 
 
+@pytest.mark.parametrize("f,m", [(32, 64 * 64 * 64), (128, 64 * 16 * 16), (3, 5)])
+def test_bias_grad_rows_is_deterministic(g, f, m):
+    """No atomics: bitwise the NumPy twin of the passes, every run."""
+    dy2 = RNG.standard_normal((f, m)).astype(np.float32)
+    d = g.asarray(dy2)
+    a, b = g.cp.empty(f, g.cp.float32), g.cp.empty(f, g.cp.float32)
+    g.bias_grad_rows(d, a)
+    g.bias_grad_rows(d, b)
+    ref = dy2
+    for p in ops.row_sum_widths(m):
+        ref = ops.row_partial_sums(ref, p)
+    assert g.asnumpy(a).tobytes() == g.asnumpy(b).tobytes() == ref[:, 0].tobytes()
+
+
 @pytest.mark.parametrize("k,s", [(2, 2), (3, 2), (3, 3)])
 def test_pool_relu(g, k, s):
     x = RNG.standard_normal((2, 3, 13, 12)).astype(np.float32)

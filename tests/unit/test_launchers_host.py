@@ -20,6 +20,30 @@ def g():
     return GpuOps(cp=FakeCupy())
 
 
+def test_row_sum_widths():
+    # conv1, conv2, conv3 of the reference CNN at batch 64, 64x64 input
+    assert ops.row_sum_widths(64 * 64 * 64) == [4096, 64, 1]
+    assert ops.row_sum_widths(64 * 32 * 32) == [1024, 16, 1]
+    assert ops.row_sum_widths(64 * 16 * 16) == [256, 4, 1]
+    assert ops.row_sum_widths(65) == [2, 1] and ops.row_sum_widths(64) == [1]
+    assert ops.row_sum_widths(1) == [1]
+
+
+@pytest.mark.parametrize("f,m", [(3, 1), (4, 64), (5, 65), (3, 4100), (2, 70001)])
+def test_bias_grad_rows_is_the_fixed_order_sum(g, f, m):
+    """No atomics: the passes' additions come in an order fixed by the
+    shape, so the result is bitwise the NumPy twin's (and the same every
+    run), and close to the float64 sum."""
+    dy2 = RNG.standard_normal((f, m)).astype(np.float32)
+    db = np.full(f, np.nan, np.float32)
+    g.bias_grad_rows(dy2, db)
+    ref = dy2
+    for p in ops.row_sum_widths(m):
+        ref = ops.row_partial_sums(ref, p)
+    assert db.tobytes() == ref[:, 0].tobytes()
+    np.testing.assert_allclose(db, dy2.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("geom", [(2, 3, 8, 8, 4, 3, 1, 1), (2, 2, 9, 7, 3, 3, 2, 1)])
 def test_conv_launchers(g, geom):
     n, c, h, w, f, k, s, p = geom

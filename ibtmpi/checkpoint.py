@@ -53,23 +53,40 @@ def write_rank(run_dir, block, rank, arrays):
     os.makedirs(d, exist_ok=True)
     final = os.path.join(d, rank_file(rank))
     tmp = final + f".tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException as e:
+        _discard(tmp)            # a full disk gets its space back
+        if isinstance(e, OSError) and not e.filename:
+            e.filename = final   # np.savez into a file object names no file
+        raise
     return final
+
+
+def _discard(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def write_manifest(run_dir, block, meta, keep=2):
     d = ckpt_dir(run_dir, block)
     m = {"format": FORMAT, "version": VERSION, "block": block, **meta}
     tmp = os.path.join(d, f"manifest.json.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(m, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(d, "manifest.json"))
+    try:
+        with open(tmp, "w") as f:
+            json.dump(m, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(d, "manifest.json"))
+    except BaseException:
+        _discard(tmp)
+        raise
     fsync_dir(d)
     prune(run_dir, keep)
 

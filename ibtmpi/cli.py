@@ -246,7 +246,8 @@ def cmd_train(args):
     from .checkpoint import CheckpointError
     from .config import ConfigError, load
     from .dataset import DatasetError
-    from .trainer import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted, Trainer
+    from .trainer import (EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_STORAGE, Diverged, Preempted,
+                          Trainer)
     size, rank = comm.world_size(), comm.world_rank()
     overrides = list(args.set)
     if args.simulate:
@@ -311,17 +312,38 @@ def cmd_train(args):
         return EXIT_DIVERGED
     except CheckpointError as e:
         return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
+    except OSError as e:
+        if _storage_error(e):          # disk full, quota, read-only: say so in one line
+            where = f" {e.filename}" if e.filename else ""
+            return _fail(f"[rank {rank}] ibtmpi train: error: cannot write{where}: "
+                         f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
+                         f"Complete checkpoints are kept: free space (or fix the file "
+                         f"system) and run the same command again to resume",
+                         EXIT_STORAGE, size, rank, every_rank=True)
+        return _crash(trainer, cfg, size, rank)
     except Exception:
-        import traceback
-        msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
-               f"{trainer.phase}:\n" + traceback.format_exc())
-        try:                      # the launcher may drop output on abort: keep a copy
-            with open(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), "w") as f:
-                f.write(msg)
-        except OSError:
-            pass
-        return _fail(msg, 1, size, rank, every_rank=True)
+        return _crash(trainer, cfg, size, rank)
     return 0
+
+
+def _storage_error(e):
+    import errno
+    return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG)
+
+
+def _crash(trainer, cfg, size, rank):
+    """An unexpected exception: every rank that has one prints its traceback
+    (kept in RUN/error-rank-R.txt too) and the job is aborted."""
+    import os
+    import traceback
+    msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
+           f"{trainer.phase}:\n" + traceback.format_exc())
+    try:                      # the launcher may drop output on abort: keep a copy
+        with open(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), "w") as f:
+            f.write(msg)
+    except OSError:
+        pass
+    return _fail(msg, 1, size, rank, every_rank=True)
 
 
 def _check_writable(run_dir):

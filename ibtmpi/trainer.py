@@ -38,6 +38,7 @@ NS = 6                      # scalar slots: loss_sum, n, correct, q, (2 reserved
 FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT = 1, 2, 4
 EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
 EXIT_DIVERGED = 4
+EXIT_STORAGE = 74           # a write failed: disk full, quota, read-only (EX_IOERR)
 
 
 class Preempted(Exception):
@@ -459,6 +460,10 @@ class Trainer:
         if not np.isfinite(self.z).all():
             raise Diverged(f"block {k}: the consensus model is not finite; not "
                            f"checkpointing it (the last good checkpoint is kept)")
+        if self.fault and self.fault == (self.rank, k, "enospc"):
+            import errno             # injected full disk (tests)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                          os.path.join(ckpt.ckpt_dir(self.run_dir, k), ckpt.rank_file(self.rank)))
         ckpt.write_rank(self.run_dir, k, self.rank, self._state_arrays())
         self.pending_ckpt, self.pending_ok = k, True
 

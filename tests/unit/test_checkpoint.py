@@ -177,3 +177,18 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(small_dataset, t
     assert t.z.tobytes() == ref.z.tobytes()
     lines = [json.loads(l) for l in open(tmp_path / "b" / "metrics.jsonl")]
     assert [l["block"] for l in lines] == list(range(ref.total_blocks))
+
+
+def test_a_failed_write_leaves_no_partial_file_and_names_the_file(tmp_path, monkeypatch):
+    import errno
+    import numpy as np
+
+    def full(f, **arrays):
+        f.write(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(np, "savez", full)
+    with pytest.raises(OSError) as e:
+        ckpt.write_rank(str(tmp_path), 3, 1, {"a": np.zeros(3)})
+    assert e.value.errno == errno.ENOSPC
+    assert e.value.filename.endswith("ckpt-00000003/rank-00001.npz")
+    assert os.listdir(ckpt.ckpt_dir(str(tmp_path), 3)) == []

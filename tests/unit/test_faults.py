@@ -197,9 +197,20 @@ def test_resume_from_other_config_exits_2_and_overwrites_nothing(small_dataset, 
     assert {f: open(run / f, "rb").read() for f in before} == before
 
 
+def _resume_ends_as_uninterrupted(sets, tmp_path):
+    """Rerun the interrupted job in tmp_path/b: it resumes and ends with
+    the z of the uninterrupted job in tmp_path/a, bit for bit."""
+    import numpy as np
+    rc, out, err, _ = launch(sets(tmp_path / "b"))
+    assert rc == 0, err
+    assert "resuming from" in out
+    za = np.load(tmp_path / "a" / "model.npz", allow_pickle=False)["z"]
+    zb = np.load(tmp_path / "b" / "model.npz", allow_pickle=False)["z"]
+    assert za.tobytes() == zb.tobytes()
+
+
 @pytest.mark.parametrize("algo", ["ibt", "easgd"])
 def test_mpi_run_killed_and_resumed_equals_uninterrupted(small_dataset, tmp_path, algo):
-    import numpy as np
     sets = lambda d: base_sets(small_dataset, str(d), passes=2,
                                **{"algorithm.name": algo, "run.checkpoint_every": 2})
     rc, out, err, _ = launch(sets(tmp_path / "a"))
@@ -207,12 +218,25 @@ def test_mpi_run_killed_and_resumed_equals_uninterrupted(small_dataset, tmp_path
     rc, out, err, _ = launch(sets(tmp_path / "b"), {"IBTMPI_FAULT": "1:6:compute"})
     assert rc != 0 and "InjectedFault" in err
     assert ckpt.complete(str(tmp_path / "b"))[-1] == 3
-    rc, out, err, _ = launch(sets(tmp_path / "b"))
+    _resume_ends_as_uninterrupted(sets, tmp_path)
+
+
+def test_a_full_disk_ends_the_job_with_74_in_one_line_and_resumes(small_dataset, tmp_path):
+    """ENOSPC while a worker writes its checkpoint: exit status 74, one line
+    naming the rank, file and block (no traceback), the complete checkpoint
+    before it kept; the same command resumes once there is space."""
+    sets = lambda d: base_sets(small_dataset, str(d), passes=2)
+    rc, out, err, _ = launch(sets(tmp_path / "a"))
     assert rc == 0, err
-    assert "resuming from" in out
-    za = np.load(tmp_path / "a" / "model.npz", allow_pickle=False)["z"]
-    zb = np.load(tmp_path / "b" / "model.npz", allow_pickle=False)["z"]
-    assert za.tobytes() == zb.tobytes()
+    rc, out, err, dt = launch(sets(tmp_path / "b"), {"IBTMPI_FAULT": "1:5:enospc"})
+    assert rc == 74, (rc, err)
+    assert dt < 60
+    assert "Traceback" not in err
+    assert ("[rank 1] ibtmpi train: error: cannot write " in err
+            and "ckpt-00000005/rank-00001.npz: No space left on device (block 5, "
+            "phase checkpoint)" in err), err
+    assert ckpt.complete(str(tmp_path / "b"))[-1] == 4
+    _resume_ends_as_uninterrupted(sets, tmp_path)
 
 
 def test_device_auto_without_gpu_trains_on_cpu_and_says_so(small_dataset, tmp_path, capsys):

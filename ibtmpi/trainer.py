@@ -173,7 +173,7 @@ class Trainer:
     def _put(self, dst, src):
         """Copy host array src into dst (a host or, with gpu_buffers, a device
         array)."""
-        if isinstance(dst, np.ndarray) or self.dev is None:
+        if self.dev is None or not self.dev.on_device(dst):
             np.copyto(dst, src)
         else:
             self.dev.to_device(src, dst)

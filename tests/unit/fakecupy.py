@@ -1,6 +1,9 @@
-"""A CuPy stand-in for tests: NumPy arrays, RawModule functions backed by
+"""A CuPy stand-in for tests: device arrays are NumPy memory under CuPy's
+rules (DeviceArray: mixing with host arrays, host arrays as kernel
+arguments and implicit aliasing fail as on a GPU), RawModule functions are
 the host-emulated CUDA kernels (ibtmpi/kernelcheck.py). Enough of CuPy for
-backend.GpuOps and the trainer's device path to run on a CPU."""
+backend.GpuOps, the trainer's device path and the gpu-marked tests to run
+on a CPU."""
 import hashlib
 import os
 import tempfile
@@ -15,6 +18,8 @@ class _Fn:
         self.mod, self.name = mod, name
 
     def __call__(self, grid, block, args):
+        for a in args:                     # CuPy rejects host arrays as kernel args
+            _host_in(a, f"RawKernel {self.name}")
         conv = [a if isinstance(a, np.ndarray) else
                 (int(a) if isinstance(a, (np.integer, int)) else float(a)) for a in args]
         # emulate a bounded grid: grid-stride loops cover the rest
@@ -61,26 +66,122 @@ class _Cuda:
         return _Stream(self.log)
 
 
+class DeviceArray(np.ndarray):
+    """A stand-in device array: NumPy memory under CuPy's rules, so the
+    tests catch what a real GPU would reject. An operation that mixes it
+    with a host (NumPy) array raises TypeError, as CuPy does; results stay
+    device arrays, reductions give 0-d device arrays (not scalars);
+    ``set``/``get`` copy host <-> device; assigning a host array into it
+    (``d[...] = h``) is allowed, as in CuPy."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        out = kwargs.get("out") or ()
+        _no_host(inputs + tuple(out), ufunc.__name__)
+        args = [_base(a) for a in inputs]
+        if out:
+            kwargs["out"] = tuple(_base(o) for o in out)
+        res = getattr(ufunc, method)(*args, **kwargs)
+        if out:
+            return out[0] if len(out) == 1 else out
+        return _device(res)
+
+    def __array_function__(self, func, types, args, kwargs):
+        _no_host(_arrays(args) + _arrays(kwargs), func.__name__)
+        res = func(*_unwrap(args), **_unwrap(kwargs))
+        return _device(res)
+
+    def set(self, host):
+        _base(self)[...] = host
+
+    def get(self):
+        return np.array(_base(self))
+
+
+def _base(a):
+    return a.view(np.ndarray) if isinstance(a, DeviceArray) else a
+
+
+def _device(res):
+    if isinstance(res, tuple):
+        return tuple(_device(r) for r in res)
+    if isinstance(res, (np.ndarray, np.generic)) and not isinstance(res, DeviceArray):
+        return np.asarray(res).view(DeviceArray)
+    return res
+
+
+def _arrays(x):
+    if isinstance(x, np.ndarray):
+        return (x,)
+    if isinstance(x, (list, tuple)):
+        return tuple(a for v in x for a in _arrays(v))
+    if isinstance(x, dict):
+        return _arrays(list(x.values()))
+    return ()
+
+
+def _unwrap(x):
+    if isinstance(x, DeviceArray):
+        return _base(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _unwrap(v) for k, v in x.items()}
+    return x
+
+
+def _no_host(arrays, what):
+    for a in arrays:
+        if isinstance(a, np.ndarray) and not isinstance(a, DeviceArray):
+            raise TypeError(f"{what}: a host (NumPy) array mixed with device arrays; "
+                            f"CuPy raises here (copy it with cupy.asarray first)")
+
+
+def _host_in(a, what):
+    if isinstance(a, np.ndarray) and not isinstance(a, DeviceArray):
+        raise TypeError(f"cupy.{what}: argument must be a cupy.ndarray, got numpy.ndarray")
+    return _base(a)
+
+
 class FakeCupy:
-    """The subset of CuPy that GpuOps uses, on NumPy."""
+    """The subset of CuPy that GpuOps uses, on NumPy (DeviceArray)."""
     RawModule = _RawModule
+    ndarray = DeviceArray
 
     def __init__(self):
         self.cuda = _Cuda()
     int64, uint8, float32 = np.int64, np.uint8, np.float32
-    ascontiguousarray = staticmethod(np.ascontiguousarray)
-    empty, empty_like, zeros = staticmethod(np.empty), staticmethod(np.empty_like), staticmethod(np.zeros)
-    matmul = staticmethod(np.matmul)
+
+    @staticmethod
+    def ascontiguousarray(x, dtype=None):
+        return _device(np.ascontiguousarray(_host_in(x, "ascontiguousarray"), dtype=dtype))
+
+    @staticmethod
+    def empty(shape, dtype=np.float32):
+        return np.empty(shape, dtype).view(DeviceArray)
+
+    @staticmethod
+    def zeros(shape, dtype=np.float32):
+        return np.zeros(shape, dtype).view(DeviceArray)
+
+    @staticmethod
+    def empty_like(x, dtype=None):
+        return np.empty_like(_host_in(x, "empty_like"), dtype=dtype).view(DeviceArray)
+
+    @staticmethod
+    def matmul(a, b, out=None):
+        return np.matmul(a, b, out=out) if out is not None else np.matmul(a, b)
 
     @staticmethod
     def asarray(x, dtype=None):
-        return np.ascontiguousarray(np.asarray(x, dtype=dtype))
+        """Host data is copied to the device; a device array of the dtype
+        asked for is returned as it is (both as in CuPy)."""
+        if isinstance(x, DeviceArray) and (dtype is None or x.dtype == np.dtype(dtype)):
+            return x
+        return np.array(_base(x), dtype=dtype, order="C").view(DeviceArray)
 
     @staticmethod
     def asnumpy(x, out=None):
         if out is None:
-            return np.array(x)            # CuPy returns a new host array
-        np.copyto(out, x)
+            return np.array(_base(x))            # a new host array
+        np.copyto(out, _base(x))
         return out
-
-

@@ -86,9 +86,10 @@ def test_pinned_staging_helpers_on_the_stand_in():
     assert buf.dtype == np.float32 and buf.shape == (5,) and buf.flags.writeable
     assert ops.cp.cuda.log == [("pinned", 20)]
     x = np.arange(5, dtype=np.float32)
-    assert ops.to_host(x, buf) is buf and (buf == x).all()
-    d = np.zeros(5, np.float32)
-    ops.to_device(buf * 2, d)
-    assert (d == 2 * x).all()
+    assert ops.to_host(ops.asarray(x), buf) is buf and (buf == x).all()
+    d = ops.cp.zeros(5, np.float32)
+    assert ops.to_device(buf * 2, d) is d and ops.on_device(d)
+    assert (ops.asnumpy(d) == 2 * x).all()
+    assert not ops.on_device(buf)
     ops.synchronize()
     assert ops.cp.cuda.log[-1] == "sync"

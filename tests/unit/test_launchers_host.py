@@ -35,87 +35,119 @@ def test_bias_grad_rows_is_the_fixed_order_sum(g, f, m):
     shape, so the result is bitwise the NumPy twin's (and the same every
     run), and close to the float64 sum."""
     dy2 = RNG.standard_normal((f, m)).astype(np.float32)
-    db = np.full(f, np.nan, np.float32)
-    g.bias_grad_rows(dy2, db)
+    db = g.cp.empty(f, np.float32)
+    g.bias_grad_rows(g.asarray(dy2), db)
     ref = dy2
     for p in ops.row_sum_widths(m):
         ref = ops.row_partial_sums(ref, p)
+    db = g.asnumpy(db)
     assert db.tobytes() == ref[:, 0].tobytes()
     np.testing.assert_allclose(db, dy2.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+
+
+def _close(dev, host, g, **tol):
+    np.testing.assert_allclose(g.asnumpy(dev), host, **tol)
 
 
 @pytest.mark.parametrize("geom", [(2, 3, 8, 8, 4, 3, 1, 1), (2, 2, 9, 7, 3, 3, 2, 1)])
 def test_conv_launchers(g, geom):
     n, c, h, w, f, k, s, p = geom
+    D = g.asarray
     x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
     wt = RNG.standard_normal((f, c, k, k)).astype(np.float32)
     b = RNG.standard_normal(f).astype(np.float32)
-    y, col = g.conv2d_forward(x, wt, b, s, p)
+    y, col = g.conv2d_forward(D(x), D(wt), D(b), s, p)
     ry, rcol = ops.conv2d_forward(x, wt, b, s, p)
-    np.testing.assert_allclose(y, ry, rtol=1e-5, atol=1e-5)
+    _close(y, ry, g, rtol=1e-5, atol=1e-5)
     dy = RNG.standard_normal(ry.shape).astype(np.float32)
-    dw, db = np.zeros_like(wt), np.zeros_like(b)
-    dx = g.conv2d_backward(dy, col, x.shape, wt, s, p, dw, db)
+    dw, db = g.cp.zeros(wt.shape, np.float32), g.cp.zeros(b.shape, np.float32)
+    dx = g.conv2d_backward(D(dy), col, x.shape, D(wt), s, p, dw, db)
     rdw, rdb = np.zeros_like(wt), np.zeros_like(b)
     rdx = ops.conv2d_backward(dy, rcol, x.shape, wt, s, p, rdw, rdb)
-    np.testing.assert_allclose(dx, rdx, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dw, rdw, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(db, rdb, rtol=1e-5, atol=1e-5)
+    _close(dx, rdx, g, rtol=1e-5, atol=1e-5)
+    _close(dw, rdw, g, rtol=1e-4, atol=1e-4)
+    _close(db, rdb, g, rtol=1e-5, atol=1e-5)
 
 
 def test_pool_relu_linear_loss_launchers(g):
+    D, H = g.asarray, g.asnumpy
     x = RNG.standard_normal((2, 3, 9, 8)).astype(np.float32)
-    y, am = g.maxpool_forward(x, 3, 2)
+    y, am = g.maxpool_forward(D(x), 3, 2)
     ry, ram = ops.maxpool_forward(x, 3, 2)
-    np.testing.assert_array_equal(y, ry)
-    np.testing.assert_array_equal(am, ram)
-    dy = RNG.standard_normal(y.shape).astype(np.float32)
-    np.testing.assert_allclose(g.maxpool_backward(dy, am, x.shape, 3, 2),
-                               ops.maxpool_backward(dy, ram, x.shape, 3, 2), atol=1e-6)
-    r = g.relu_forward(x)
-    np.testing.assert_array_equal(r, ops.relu_forward(x))
-    np.testing.assert_array_equal(g.relu_backward(x, r), ops.relu_backward(x, r))
+    np.testing.assert_array_equal(H(y), ry)
+    np.testing.assert_array_equal(H(am), ram)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    _close(g.maxpool_backward(D(dy), am, x.shape, 3, 2),
+           ops.maxpool_backward(dy, ram, x.shape, 3, 2), g, atol=1e-6)
+    r = g.relu_forward(D(x))
+    np.testing.assert_array_equal(H(r), ops.relu_forward(x))
+    np.testing.assert_array_equal(H(g.relu_backward(D(x), r)),
+                                  ops.relu_backward(x, ops.relu_forward(x)))
     a = RNG.standard_normal((6, 10)).astype(np.float32)
     w = RNG.standard_normal((4, 10)).astype(np.float32)
     b = RNG.standard_normal(4).astype(np.float32)
-    z = g.linear_forward(a, w, b)
-    np.testing.assert_allclose(z, ops.linear_forward(a, w, b), rtol=1e-5, atol=1e-6)
+    z = g.linear_forward(D(a), D(w), D(b))
+    rz = ops.linear_forward(a, w, b)
+    _close(z, rz, g, rtol=1e-5, atol=1e-6)
     labels = np.array([0, 3, 1, 2, 2, 0])
-    loss, probs = g.softmax_xent_forward(z, labels)
-    rl, rp = ops.softmax_xent_forward(ops.linear_forward(a, w, b), labels)
-    assert abs(loss - rl) < 1e-5
-    d = g.softmax_xent_backward(probs, labels)
-    np.testing.assert_allclose(d, ops.softmax_xent_backward(rp, labels), atol=1e-6)
-    dw, db = np.zeros_like(w), np.zeros_like(b)
-    dx = g.linear_backward(d, a, w, dw, db)
+    loss, probs = g.softmax_xent_forward(z, labels)      # host labels: copied up
+    rl, rp = ops.softmax_xent_forward(rz, labels)
+    assert isinstance(loss, float) and abs(loss - rl) < 1e-5
+    d = g.softmax_xent_backward(probs, D(labels))
+    rd = ops.softmax_xent_backward(rp, labels)
+    _close(d, rd, g, atol=1e-6)
+    dw, db = g.cp.zeros(w.shape, np.float32), g.cp.zeros(b.shape, np.float32)
+    dx = g.linear_backward(d, D(a), D(w), dw, db)
     rdw, rdb = np.zeros_like(w), np.zeros_like(b)
-    rdx = ops.linear_backward(d, a, w, rdw, rdb)
+    rdx = ops.linear_backward(rd, a, w, rdw, rdb)
     for u, v in ((dx, rdx), (dw, rdw), (db, rdb)):
-        np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+        _close(u, v, g, rtol=1e-5, atol=1e-6)
 
 
 def test_vector_launchers(g):
+    D = g.asarray
     P = 300
     w0, gr, v0, c, u0, S = (RNG.standard_normal(P).astype(np.float32) for _ in range(6))
-    w, v = w0.copy(), v0.copy()
-    g.sgd_update(w, gr, v, c, u0, 0.05, 0.9, 1e-3, 0.2, 1, 1)
+    w, v = D(w0), D(v0)
+    g.sgd_update(w, D(gr), v, D(c), D(u0), 0.05, 0.9, 1e-3, 0.2, 1, 1)
     rw, rv = w0.copy(), v0.copy()
     sgd_update(rw, gr, rv, c, u0, 0.05, 0.9, 1e-3, 0.2, True, True)
-    np.testing.assert_allclose(w, rw, rtol=1e-6, atol=1e-7)
-    w = w0.copy()
-    g.sgd_update(w, gr, v0.copy(), None, None, 0.05, 0.9, 1e-3, 0.0, 0, 0)   # no prox
+    _close(w, rw, g, rtol=1e-6, atol=1e-7)
+    _close(v, rv, g, rtol=1e-6, atol=1e-7)
+    w = D(w0)
+    g.sgd_update(w, D(gr), D(v0), None, None, 0.05, 0.9, 1e-3, 0.0, 0, 0)   # no prox
     rw = w0.copy()
     sgd_update(rw, gr, v0.copy(), None, None, 0.05, 0.9, 1e-3, 0.0, False, False)
-    np.testing.assert_allclose(w, rw, rtol=1e-6, atol=1e-7)
-    zg, v, z = c.copy(), v0.copy(), np.zeros(P, np.float32)
-    g.block_momentum(S, zg, v, z, 0.25, 0.75, 1.0, True)
+    _close(w, rw, g, rtol=1e-6, atol=1e-7)
+    zg, v, z = D(c), D(v0), g.cp.zeros(P, np.float32)
+    g.block_momentum(D(S), zg, v, z, 0.25, 0.75, 1.0, True)
     rzg, rv, rz = c.copy(), v0.copy(), np.zeros(P, np.float32)
     consensus.block_momentum(S, rzg, rv, rz, 0.25, 0.75, 1.0, True)
-    np.testing.assert_allclose(z, rz, rtol=1e-6, atol=1e-6)
-    out = np.empty(P, np.float32)
-    g.axpby(out, 2.0, w0, -1.0, c)
-    np.testing.assert_allclose(out, 2 * w0 - c, rtol=1e-6, atol=1e-6)
-    u, ru = u0.copy(), u0.copy()
-    g.dual_update(u, w0, c, 0.5)
+    _close(z, rz, g, rtol=1e-6, atol=1e-6)
+    out = g.cp.empty(P, np.float32)
+    g.axpby(out, 2.0, D(w0), -1.0, D(c))
+    _close(out, 2 * w0 - c, g, rtol=1e-6, atol=1e-6)
+    u, ru = D(u0), u0.copy()
+    g.dual_update(u, D(w0), D(c), 0.5)
     consensus.dual_update(ru, w0, c, 0.5)
-    np.testing.assert_allclose(u, ru, rtol=1e-6, atol=1e-7)
+    _close(u, ru, g, rtol=1e-6, atol=1e-7)
+
+
+def test_the_stand_in_rejects_what_cupy_rejects(g):
+    """The stand-in's device arrays follow CuPy's rules, so a host array
+    where a device one belongs fails here as it would on a GPU."""
+    h = np.ones(4, np.float32)
+    d = g.asarray(h)
+    assert d is not h and g.asarray(d) is d
+    d += 1
+    assert h[0] == 1.0                              # a copy, not an alias
+    with pytest.raises(TypeError, match="host"):
+        d + h
+    with pytest.raises(TypeError, match="host"):
+        np.copyto(h, d)
+    with pytest.raises(TypeError, match="cupy.ndarray"):
+        g.relu_forward(h)
+    s = d.sum()
+    assert isinstance(s, g.cp.ndarray) and s.ndim == 0 and float(s) == 8.0
+    d[...] = h                                      # host -> device assignment: allowed
+    assert g.asnumpy(d).tolist() == [1.0] * 4

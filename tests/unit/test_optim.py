@@ -68,26 +68,27 @@ def test_device_step_is_one_fused_launch_equal_to_the_numpy_step(nesterov, prox,
     P = 1000
     w0, c, u = (rng.standard_normal(P).astype(np.float32) for _ in range(3))
     grads = [rng.standard_normal(P).astype(np.float32) for _ in range(4)]
-    wh, wd_ = w0.copy(), w0.copy()
+    ops = _Counting()
+    D = ops.asarray
+    wh, wd_ = w0.copy(), D(w0)
     host = SGD(wh, 0.05, mu, wd, nesterov,
                extra_grad=Prox(c, u, np.float32(0.3)) if prox else None)
-    ops = _Counting()
     dev = SGD(wd_, 0.05, mu, wd, nesterov,
-              extra_grad=Prox(c, u, np.float32(0.3)) if prox else None, ops=ops)
+              extra_grad=Prox(D(c), D(u), np.float32(0.3)) if prox else None, ops=ops)
     for g in grads:
         host.step(g.copy())
-        dev.step(g.copy())
+        dev.step(D(g))
     assert ops.calls == ["sgd_update"] * len(grads)
-    np.testing.assert_allclose(wd_, wh, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ops.asnumpy(wd_), wh, rtol=1e-6, atol=1e-7)
     if mu:            # without momentum v is never read (the kernel still stores g')
-        np.testing.assert_allclose(dev.v, host.v, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(ops.asnumpy(dev.v), host.v, rtol=1e-6, atol=1e-7)
     assert dev.steps == host.steps == len(grads)
 
 
 def test_device_step_with_another_extra_term_takes_the_general_path():
     ops = _Counting()
-    w = np.ones(4, np.float32)
+    w = ops.asarray(np.ones(4, np.float32))
     opt = SGD(w, 0.5, 0.0, extra_grad=lambda w_, g_: g_.__iadd__(np.float32(1)), ops=ops)
-    opt.step(np.zeros(4, np.float32))
+    opt.step(ops.cp.zeros(4, np.float32))
     assert ops.calls == []
-    np.testing.assert_array_equal(w, 0.5)
+    np.testing.assert_array_equal(ops.asnumpy(w), 0.5)

@@ -68,9 +68,9 @@ class SGD:
         """Apply one update with gradient g (P,); g may be modified in place."""
         p = self.extra_grad
         if self.ops is not None and (p is None or isinstance(p, Prox)):
-            self.ops.sgd_update(self.w, g, self.v, p and p.c, p and p.u, self.lr,
-                                self.momentum, self.weight_decay, p.rho if p else 0.0,
-                                self.nesterov, p is not None)
+            c, u, rho = (p.c, p.u, p.rho) if p is not None else (None, None, 0.0)
+            self.ops.sgd_update(self.w, g, self.v, c, u, self.lr, self.momentum,
+                                self.weight_decay, rho, self.nesterov, p is not None)
             self.steps += 1
             return
         dt = self.w.dtype.type

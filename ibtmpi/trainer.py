@@ -839,8 +839,8 @@ def _hms(s):
 def run_hash(cfg, legacy=False):
     """Digest of what determines the computation, not operational keys
     (passes, threads, quiet, eval/checkpoint cadence, run dir, watchdog,
-    cuda_aware, progress_s) nor where the data lives: data.path may move (a copy staged
-    to node-local scratch after a requeue); the manifest's dataset
+    cuda_aware, progress_s) nor where the data lives: data.path may move (a
+    copy staged to node-local scratch after a requeue); the manifest's dataset
     fingerprint says whether it is the same data. legacy: the digest of
     checkpoints written before that (path included, no cuda_aware key),
     still accepted on resume."""

@@ -9,8 +9,6 @@ import argparse
 import os
 import time
 
-import numpy as np
-
 from ibtmpi import serial, threads
 from ibtmpi.dataset import Dataset
 from ibtmpi.model import Model
@@ -53,7 +51,7 @@ def main():
                                             f"acc {r['train_acc']:.4f}", flush=True))
     _, va = serial.evaluate(m, xva, yva, ds.mean, ds.std)
     _, te = serial.evaluate(m, xte, yte, ds.mean, ds.std)
-    print(f"\n| model | test accuracy | notes |\n|---|---|---|")
+    print("\n| model | test accuracy | notes |\n|---|---|---|")
     print(f"| pixel-linear softmax | {res['linear'][2]:.4f} | lr {res['linear'][1]}, "
           f"{a.linear_epochs} epochs, best of 3 lrs on val |")
     print(f"| reference CNN | {te:.4f} | lr 0.02, {a.cnn_epochs} epochs, "

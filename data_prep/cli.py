@@ -94,4 +94,9 @@ def main(argv=None, prog="ibtmpi-prep"):
     except (WriteError, DatasetError, ValueError) as e:
         print(f"{prog} {a.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:      # disk full, quota, an output place that cannot be made
+        from ibtmpi.fsutil import os_error_exit
+        msg, code = os_error_exit(f"{prog} {a.cmd}", e)
+        print(msg, file=sys.stderr)
+        return code
     return 0

@@ -67,19 +67,23 @@ class DatasetWriter:
         self.tmp = os.path.join(parent, f".{os.path.basename(self.out)}.partial-{os.getpid()}")
         if os.path.exists(self.tmp):
             shutil.rmtree(self.tmp)
-        os.makedirs(self.tmp)
         self.files = {}              # split -> [(name, h5 file, start, count)]
-        n = self.counts["train"]
-        bounds = [(k * n) // n_shards for k in range(n_shards + 1)]
-        self.files["train"] = [
-            (name, self._create(name, bounds[k + 1] - bounds[k]), bounds[k],
-             bounds[k + 1] - bounds[k])
-            for k, name in enumerate(shard_names(n_shards))]
-        for split in ("val", "test"):
-            if self.counts.get(split):
-                self.files[split] = [(f"{split}.h5",
-                                      self._create(f"{split}.h5", self.counts[split]),
-                                      0, self.counts[split])]
+        os.makedirs(self.tmp)
+        try:                         # a full disk here leaves no partial directory
+            n = self.counts["train"]
+            bounds = [(k * n) // n_shards for k in range(n_shards + 1)]
+            self.files["train"] = []
+            for k, name in enumerate(shard_names(n_shards)):
+                cnt = bounds[k + 1] - bounds[k]
+                self.files["train"].append((name, self._create(name, cnt), bounds[k], cnt))
+            for split in ("val", "test"):
+                if self.counts.get(split):
+                    self.files[split] = [(f"{split}.h5",
+                                          self._create(f"{split}.h5", self.counts[split]),
+                                          0, self.counts[split])]
+        except BaseException:
+            self.abort()
+            raise
         c = self.image_shape[2]
         self._sum = np.zeros(c)
         self._sum2 = np.zeros(c)

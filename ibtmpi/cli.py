@@ -246,8 +246,8 @@ def cmd_train(args):
     from .checkpoint import CheckpointError
     from .config import ConfigError, load
     from .dataset import DatasetError
-    from .trainer import (EXIT_DIVERGED, EXIT_PREEMPTED, EXIT_STORAGE, Diverged, Preempted,
-                          Trainer)
+    from .fsutil import EXIT_STORAGE, is_storage_error
+    from .trainer import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted, Trainer
     size, rank = comm.world_size(), comm.world_rank()
     overrides = list(args.set)
     if args.simulate:
@@ -313,7 +313,7 @@ def cmd_train(args):
     except CheckpointError as e:
         return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
     except OSError as e:
-        if _storage_error(e):          # disk full, quota, read-only: say so in one line
+        if is_storage_error(e):          # disk full, quota, read-only: say so in one line
             where = f" {e.filename}" if e.filename else ""
             return _fail(f"[rank {rank}] ibtmpi train: error: cannot write{where}: "
                          f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
@@ -324,11 +324,6 @@ def cmd_train(args):
     except Exception:
         return _crash(trainer, cfg, size, rank)
     return 0
-
-
-def _storage_error(e):
-    import errno
-    return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG)
 
 
 def _crash(trainer, cfg, size, rank):
@@ -584,3 +579,8 @@ def main(argv=None):
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:               # an output path that cannot be written, a full disk
+        from .fsutil import os_error_exit
+        msg, code = os_error_exit(f"ibtmpi {args.command}", e)
+        print(msg, file=sys.stderr)
+        return code

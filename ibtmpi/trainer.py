@@ -38,7 +38,6 @@ NS = 6                      # scalar slots: loss_sum, n, correct, q, (2 reserved
 FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT = 1, 2, 4
 EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
 EXIT_DIVERGED = 4
-EXIT_STORAGE = 74           # a write failed: disk full, quota, read-only (EX_IOERR)
 
 
 class Preempted(Exception):

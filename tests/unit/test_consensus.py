@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from ibtmpi import ops
 from ibtmpi.consensus import Consensus, WorkerState
 from ibtmpi.model import Model
 from ibtmpi.optim import SGD

@@ -12,7 +12,7 @@ import pytest
 from ibtmpi import consensus as cons_ref
 from ibtmpi import kernelcheck as kc
 from ibtmpi import ops
-from ibtmpi.kernels import SOURCE_DIR, sources
+from ibtmpi.kernels import sources
 from ibtmpi.optim import SGD, sgd_update
 
 RNG = np.random.default_rng(99)

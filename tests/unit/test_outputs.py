@@ -3,7 +3,6 @@ ONNX checked with onnxruntime against our forward; MPI evaluation equal to
 one process; clear errors for missing, incompatible and mismatched inputs."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -157,3 +156,37 @@ def test_evaluation_on_the_device_path_matches(run_dir, small_dataset):
 def test_evaluate_gpu_without_gpu_is_exit_2(run_dir, small_dataset, capsys):
     assert main(["evaluate", run_dir, "--data", small_dataset, "--device", "gpu"]) == 2
     assert "--device gpu was asked for but" in capsys.readouterr().err
+
+
+def test_an_output_place_that_cannot_be_written_is_one_line(run_dir, small_dataset, tmp_path,
+                                                            capsys, monkeypatch):
+    """Every command that writes: an output path under a regular file is bad
+    input (exit 2), a full disk is exit 74; one line each, no traceback."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    img = tmp_path / "x.png"
+    Image.new("RGB", (16, 16)).save(img)
+    calls = [["evaluate", run_dir, "--data", small_dataset, "--out", str(blocker / "ev")],
+             ["predict", run_dir, str(img), "--out", str(blocker / "p.csv")],
+             ["export", run_dir, "--onnx", str(blocker / "m.onnx")],
+             ["plot", run_dir, "--out", str(blocker / "pl")],
+             ["bench", "report", run_dir, "--out", str(blocker / "rep")]]
+    for argv in calls:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"ibtmpi {argv[0]}: error: {blocker}") and "Not a directory" in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    import builtins
+    import errno
+    real_open = builtins.open
+
+    def full(path, mode="r", *a, **k):
+        if "w" in mode and str(path).startswith(str(tmp_path)):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_open(path, mode, *a, **k)
+    monkeypatch.setattr(builtins, "open", full)
+    assert main(["predict", run_dir, str(img), "--out", str(tmp_path / "p.csv")]) == 74
+    err = capsys.readouterr().err
+    assert err.startswith(f"ibtmpi predict: error: cannot write {tmp_path / 'p.csv'}: "
+                          f"No space left on device; free space"), err
+    assert len(err.strip().splitlines()) == 1

@@ -143,3 +143,24 @@ def test_missing_parent_directories_are_created(tmp_path):
     out = tmp_path / "a" / "b" / "ds"
     assert prep_main(["synth", str(out), "--n", "60", "--size", "8", "--quiet"]) == 0
     assert (out / "dataset.json").exists()
+
+
+@pytest.mark.parametrize("where", ["_create", "write"])
+def test_full_disk_is_one_line_exit_74_and_leaves_nothing(tmp_path, monkeypatch, capsys, where):
+    """ENOSPC while the shards are created (in the writer's constructor) or
+    filled: exit 74, one line, and no partial directory left behind."""
+    import errno
+    from ibtmpi.data_prep import writer
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device",
+                      os.path.join(self.tmp, "val.h5"))
+    monkeypatch.setattr(writer.DatasetWriter, where, full)
+    out = tmp_path / "d"
+    rc = prep_main(["synth", str(out), "--n", "100", "--size", "8", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 74, err
+    assert err.startswith("ibtmpi-prep synth: error: cannot write ") and \
+        "No space left on device; free space" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == []

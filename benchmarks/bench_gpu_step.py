@@ -74,13 +74,18 @@ def main():
     print("|---|---|---|---|---|---|")
     for batch in (64, 256):
         o, om = ours(batch, a.steps, a.warmup)
-        t, tm = torch_ref(batch, a.steps, a.warmup)
+        try:                 # a broken PyTorch must not cost our own figures
+            t, tm = torch_ref(batch, a.steps, a.warmup)
+        except Exception as e:
+            print(f"PyTorch/cuDNN failed at batch {batch}: {type(e).__name__}: {e}", flush=True)
+            t = tm = float("nan")
         rows.append({"batch": batch, "ours_img_s": o, "torch_img_s": t, "ratio": o / t,
                      "ours_peak_mib": om / 2**20, "torch_peak_mib": tm / 2**20})
         print(f"| {batch} | {o:,.0f} | {t:,.0f} | {o / t:.2f} | {om / 2**20:.0f} | "
               f"{tm / 2**20:.0f} |", flush=True)
-    if a.json:
-        json.dump(rows, open(a.json, "w"), indent=1)
+        if a.json:           # after each batch size: a later failure keeps these
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,61 +10,94 @@
 #    process, which needs no MPI); with a CUDA-aware MPI
 #    also run.cuda_aware = off, and z of both modes compared bit for bit;
 #    the same one-process GPU run twice, z compared bit for bit
-# Our own package is installed from this tree with --no-deps: numpy, h5py,
-# threadpoolctl, tqdm and pillow must be there (bring wheels if not).
+# Every stage runs under its own time limit, so one that hangs costs its
+# limit, not the rest: OUTDIR/stages.txt says how each ended and how long it
+# took. Our own package is installed from this tree with --no-deps: numpy,
+# h5py, threadpoolctl, tqdm and pillow must be there (bring wheels if not).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 site=$tmp/site
+: >"$out/stages.txt"
+
+# stage NAME SECONDS LOG CMD...: run CMD with a time limit, its output shown
+# and appended to LOG, its outcome appended to stages.txt; returns CMD's status
+stage() {
+    local name=$1 secs=$2 log=$3 t0=$SECONDS rc how
+    shift 3
+    timeout -k 10 "$secs" "$@" 2>&1 | tee -a "$log"
+    rc=${PIPESTATUS[0]}
+    case $rc in
+        0) how=ok ;;
+        124 | 137) how="TIMED OUT (limit ${secs} s)" ;;
+        *) how="FAILED (exit $rc)" ;;
+    esac
+    echo "$name: $how, $((SECONDS - t0)) s" | tee -a "$out/stages.txt"
+    return "$rc"
+}
+
+# same_z LABEL RUN1 RUN2: are the two runs' consensus models equal bit for bit?
+same_z() {
+    if [ -f "$2/model.npz" ] && [ -f "$3/model.npz" ]; then
+        python3 -c "import numpy as np, sys; a, b = (np.load(f'{d}/model.npz') for d in sys.argv[2:]); \
+print(sys.argv[1] + ', z bitwise equal:', a['z'].tobytes() == b['z'].tobytes())" "$@"
+    else
+        echo "$1: not compared, a run did not finish"
+    fi 2>&1 | tee -a "$out/train.txt"
+}
+
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . \
     >"$tmp/install.log" 2>&1 || { echo "install failed:"; cat "$tmp/install.log"; exit 1; }
-export PYTHONPATH="$site"
-nvidia-smi >"$out/nvidia-smi.txt" 2>&1
-python3 -c "import numpy, h5py, threadpoolctl, tqdm, PIL, cupy, mpi4py; print('imports ok')" \
-    2>&1 | tee "$out/compile.txt"
-python3 - <<'PY' 2>&1 | tee -a "$out/compile.txt"
+export PYTHONPATH="$site" PYTHONUNBUFFERED=1
+env=$out/env.txt
+nvidia-smi >"$env" 2>&1
+stage imports 60 "$env" python3 -c \
+    "import numpy, h5py, threadpoolctl, tqdm, PIL, cupy, mpi4py; print('imports ok')"
+stage compile 180 "$env" python3 - <<'PY'
 import cupy
 from ibtmpi.kernels import sources
 for s in sources():
     cupy.RawModule(code=s.read_text(), options=("--std=c++14",)).compile()
     print(f"{s.name}: compiled by CuPy {cupy.__version__} for sm_{cupy.cuda.Device().compute_capability}")
 PY
-python3 -m pytest -m gpu tests/gpu -ra -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$out/gpu_tests.txt"
-python3 benchmarks/bench_gpu_step.py --json "$out/gpu_step.json" 2>&1 | tee "$out/gpu_step.txt"
+stage gpu-tests 240 "$out/gpu_tests.txt" \
+    python3 -m pytest -m gpu tests/gpu -ra -q -p no:cacheprovider -o addopts=""
+stage step-vs-cudnn 180 "$out/gpu_step.txt" \
+    python3 benchmarks/bench_gpu_step.py --json "$out/gpu_step.json"
 data=$tmp/d
-python3 -m ibtmpi prep synth "$data" --n 4000 --size 64 --shards 2 --quiet
+stage prep 120 "$out/train.txt" python3 -m ibtmpi prep synth "$data" --n 4000 --size 64 --shards 2 --quiet
 sets="--set data.path=$data --set data.split_size=256 --set run.passes=2 --set run.dir=$tmp/run --set run.quiet=true"
 # Open MPI refuses root without these; MPICH ignores them
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-if command -v mpiexec >/dev/null && python3 -c "from mpi4py import MPI" >/dev/null 2>&1; then
+if command -v mpiexec >/dev/null && timeout 60 python3 -c "from mpi4py import MPI" >/dev/null 2>&1; then
     # run.cuda_aware = auto: the "block buffers:" line says what the MPI
     # library reported and where the workers' buffers went
-    mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets 2>&1 | tee "$out/train.txt"
-    aware=$(python3 -c "from ibtmpi import comm; print(comm.cuda_support()[0])")
+    stage train-mpi 180 "$out/train.txt" mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets
+    aware=$(timeout 60 python3 -c "from ibtmpi import comm; print(comm.cuda_support()[0])")
     if [ "$aware" = True ]; then
         # both modes: with 2 workers the reduced sums and so z must be bitwise equal
         sets2="${sets/run.dir=$tmp\/run/run.dir=$tmp/run-off}"
-        mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets2 --set run.cuda_aware=off \
-            2>&1 | tee -a "$out/train.txt"
-        python3 -c "import numpy as np, sys; a, b = (np.load(f'{d}/model.npz') for d in sys.argv[1:]); \
-print('cuda_aware on vs off, z bitwise equal:', a['z'].tobytes() == b['z'].tobytes())" \
-            "$tmp/run" "$tmp/run-off" 2>&1 | tee -a "$out/train.txt"
+        stage train-mpi-cuda-aware-off 180 "$out/train.txt" \
+            mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets2 --set run.cuda_aware=off
+        same_z "cuda_aware on vs off" "$tmp/run" "$tmp/run-off"
     fi
 else
     # no mpiexec, or an mpi4py without an MPI library: one process needs none
-    echo "no usable mpiexec + mpi4py: 2 workers simulated in one process" | tee "$out/train.txt"
-    python3 -m ibtmpi train --device gpu --simulate 2 $sets 2>&1 | tee -a "$out/train.txt"
+    echo "no usable mpiexec + mpi4py: 2 workers simulated in one process" | tee -a "$out/train.txt"
+    stage train-simulate 180 "$out/train.txt" python3 -m ibtmpi train --device gpu --simulate 2 $sets
 fi
 # no atomics anywhere: the same GPU run twice must give the same z bit for bit
 rep="--set data.path=$data --set data.split_size=256 --set run.passes=1 --set run.quiet=true"
 for i in 1 2; do
-    python3 -m ibtmpi train --device gpu --simulate 2 $rep --set run.dir=$tmp/rep$i \
-        >/dev/null 2>&1 || echo "repeat run $i failed" | tee -a "$out/train.txt"
+    stage "repeat-$i" 120 "$tmp/repeat.log" \
+        python3 -m ibtmpi train --device gpu --simulate 2 $rep --set run.dir=$tmp/rep$i >/dev/null
 done
-python3 -c "import numpy as np, sys; a, b = (np.load(f'{d}/model.npz') for d in sys.argv[1:]); \
-print('GPU run repeated, z bitwise equal:', a['z'].tobytes() == b['z'].tobytes())" \
-    "$tmp/rep1" "$tmp/rep2" 2>&1 | tee -a "$out/train.txt"
+same_z "GPU run repeated" "$tmp/rep1" "$tmp/rep2"
+tail -n 5 "$tmp/repeat.log" >>"$out/train.txt" 2>/dev/null
 cp "$tmp/run/summary.json" "$out/train_summary.json" 2>/dev/null
-ls "$out"      # at most 7 files: nvidia-smi, compile, gpu_tests, gpu_step (2), train (2)
+cat "$out/stages.txt"
+ls "$out"      # at most 7 files: env, stages, gpu_tests, gpu_step (2), train (2)

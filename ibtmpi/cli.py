@@ -396,6 +396,11 @@ def cmd_evaluate(args):
                              f"{tm.image_shape} (H, W, C); re-import with "
                              f"`ibtmpi prep ... --size {tm.image_shape[0]}`")
         sp = ds.split(args.split)
+        if args.out and rank == 0:     # before the work: a bad --out fails at once
+            try:
+                os.makedirs(args.out, exist_ok=True)
+            except OSError as e:
+                raise UsageError(f"--out {args.out}: {e.strerror}") from None
         if _device(args.device, lambda m: rank == 0 and print(m, file=sys.stderr)) == "gpu":
             from .backend import GpuOps, bind_worker_gpu
             bind_worker_gpu(comm.node_rank_size()[0])
@@ -422,7 +427,6 @@ def cmd_evaluate(args):
         text = format_report(rep)
         print(text)
         if args.out:
-            os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "report.json"), "w") as f:
                 json.dump(rep, f, indent=1)
             with open(os.path.join(args.out, "report.txt"), "w") as f:

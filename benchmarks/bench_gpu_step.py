@@ -63,16 +63,17 @@ def torch_ref(batch, steps, warmup):
     return batch * steps / (time.perf_counter() - t0), torch.cuda.max_memory_allocated()
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batches", default="64,256", help="comma-separated batch sizes")
     ap.add_argument("--json")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     rows = []
     print("| batch | ours img/s | cuDNN fp32 img/s | ours/cuDNN | ours peak MiB | torch peak MiB |")
     print("|---|---|---|---|---|---|")
-    for batch in (64, 256):
+    for batch in (int(b) for b in a.batches.split(",")):
         o, om = ours(batch, a.steps, a.warmup)
         try:                 # a broken PyTorch must not cost our own figures
             t, tm = torch_ref(batch, a.steps, a.warmup)

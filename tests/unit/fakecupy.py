@@ -65,6 +65,28 @@ class _Cuda:
     def get_current_stream(self):
         return _Stream(self.log)
 
+    def Device(self, index=0):                       # noqa: N802 (CuPy's name)
+        return _Device(self.log)
+
+
+class _Device(_Stream):
+    """cupy.cuda.Device: synchronize (logged like a stream's) and the
+    compute capability string."""
+    compute_capability = "90"
+
+
+class _MemoryPool:
+    """cupy's default pool: nothing is pooled here, so it reports 0 bytes."""
+
+    def free_all_blocks(self):
+        pass
+
+    def total_bytes(self):
+        return 0
+
+    def used_bytes(self):
+        return 0
+
 
 class DeviceArray(np.ndarray):
     """A stand-in device array: NumPy memory under CuPy's rules, so the
@@ -149,7 +171,11 @@ class FakeCupy:
 
     def __init__(self):
         self.cuda = _Cuda()
+        self._pool = _MemoryPool()
     int64, uint8, float32 = np.int64, np.uint8, np.float32
+
+    def get_default_memory_pool(self):
+        return self._pool
 
     @staticmethod
     def ascontiguousarray(x, dtype=None):

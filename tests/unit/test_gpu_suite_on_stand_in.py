@@ -31,3 +31,30 @@ def test_gpu_suite_passes_on_the_stand_in():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     assert "passed" in last and "skipped" not in last and "failed" not in last, last
+
+
+def test_gpu_step_benchmark_runs_on_the_stand_in(tmp_path, monkeypatch, capsys):
+    """benchmarks/bench_gpu_step.py, the figure the real-GPU run exists for,
+    runs end to end here (tiny batches, one timed step; our side through the
+    stand-in). PyTorch without CUDA, as here, costs its column, not ours."""
+    import importlib.util
+    import json
+    sys.path.insert(0, HERE)
+    import fakecupy
+    from ibtmpi import backend
+
+    class StandIn(backend.GpuOps):
+        def __init__(self, cp=None):
+            super().__init__(cp=fakecupy.FakeCupy())
+    monkeypatch.setattr(backend, "GpuOps", StandIn)
+    path = os.path.join(HERE, "..", "..", "benchmarks", "bench_gpu_step.py")
+    spec = importlib.util.spec_from_file_location("bench_gpu_step", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "step.json"
+    bench.main(["--batches", "2,3", "--steps", "1", "--warmup", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["batch"] for r in rows] == [2, 3]
+    assert all(r["ours_img_s"] > 0 for r in rows)
+    text = capsys.readouterr().out
+    assert text.count("\n| 2 |") + text.count("\n| 3 |") == 2, text

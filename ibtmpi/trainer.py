@@ -26,6 +26,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from . import comm as mpi
+from . import runlock
 from .config import digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
@@ -630,6 +631,18 @@ class Trainer:
                 pass
 
     def run(self):
+        """Train to the end (or to a preemption); the master holds the run
+        directory (runlock) from before it reads the checkpoints to the end."""
+        lock = runlock.acquire(self.run_dir) if self.is_master else None
+        if lock is not None and lock.took_over:
+            self.log(f"took over {lock.path}: {lock.took_over}")
+        try:
+            return self._run()
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _run(self):
         cfg, r = self.cfg, self.cfg["run"]
         n, P = self.n_workers, self.P
         start = self._restore()

@@ -1,0 +1,175 @@
+"""One training run per run directory.
+
+Two jobs writing into one run.dir (the same sbatch submitted twice, a sweep
+whose runs share a directory) would overwrite each other's checkpoints and
+interleave their metrics. The master therefore holds RUN/.lock while it
+trains: a small JSON file naming the host, pid and batch job, created with
+O_EXCL (which works on NFS and Lustre, where flock may not), refreshed by a
+heartbeat thread and removed when the run ends, whether it finished, failed
+or was preempted.
+
+A lock left behind by a process that cannot remove it (SIGKILL, a node that
+died) is taken over when it is provably stale:
+- its process is gone (same host, pid no longer running), or
+- it belongs to this same batch job (a Slurm requeue keeps SLURM_JOB_ID:
+  the earlier incarnation of the job has ended), on another host or with a
+  dead pid, or
+- its heartbeat is older than STALE_S (a holder on another host that
+  stopped refreshing it).
+Otherwise the run stops at once with a message naming the holder.
+"""
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from .checkpoint import CheckpointError
+
+NAME = ".lock"
+HEARTBEAT_S = 60.0      # the holder refreshes the lock's mtime this often
+STALE_S = 600.0         # no refresh for this long: the holder is gone
+
+
+class RunDirBusy(CheckpointError):
+    """Another live run holds the run directory."""
+
+
+def _job_id():
+    for var in ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"):
+        if os.environ.get(var):
+            return f"{var.split('_')[0].lower()}:{os.environ[var]}"
+    return None
+
+
+def _pid_alive(pid):
+    """Whether process `pid` of this host still runs. A zombie does not: a
+    rank killed by its launcher's abort stays one until it is reaped, which
+    can be after mpiexec has returned."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True            # exists but not ours / unreadable: assume alive
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True            # no procfs: os.kill's answer stands
+    return state not in ("Z", "X")
+
+
+def _stale(holder, age, me):
+    """Why the holder's lock may be taken over, or None while it is live."""
+    same_host = holder.get("host") == me["host"]
+    alive_here = same_host and _pid_alive(holder.get("pid"))
+    if same_host and holder.get("pid") == me["pid"]:
+        return "held by this process"
+    if same_host and not alive_here:
+        return f"process {holder.get('pid')} is no longer running"
+    if me["job"] and holder.get("job") == me["job"] and not alive_here:
+        return f"left by an earlier run of this job ({me['job']}, requeued)"
+    if age > STALE_S:
+        return f"no heartbeat for {age:.0f} s"
+    return None
+
+
+class RunLock:
+    def __init__(self, run_dir):
+        self.path = os.path.join(run_dir, NAME)
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "job": _job_id(),
+                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "token": uuid.uuid4().hex}
+        self.took_over = None
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _create(self):
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.me, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _read(self):
+        """(holder dict, seconds since its last heartbeat); the dict is empty
+        for a lock still being written by its creator, or unreadable."""
+        age = time.time() - os.stat(self.path).st_mtime     # FileNotFoundError: gone
+        try:
+            with open(self.path) as f:
+                return json.load(f), age
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError):
+            return {}, age
+
+    def acquire(self):
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        for _ in range(3):                   # lost races with another taker: retry
+            try:
+                self._create()
+                break
+            except FileExistsError:
+                pass
+            try:
+                holder, age = self._read()
+            except FileNotFoundError:
+                continue                     # released meanwhile
+            why = _stale(holder, age, self.me) if holder else (
+                "unreadable and older than STALE_S" if age > STALE_S else None)
+            if why is None:
+                raise RunDirBusy(self._busy_message(holder, age))
+            tmp = f"{self.path}.{self.me['token']}"
+            with open(tmp, "w") as f:
+                json.dump(self.me, f)
+            os.replace(tmp, self.path)       # take it over
+            self.took_over = why
+            break
+        else:
+            raise RunDirBusy(f"could not take {self.path}: other runs keep creating it")
+        try:                                 # a taker that raced us wins: say so
+            holder, _ = self._read()
+        except FileNotFoundError:
+            holder = {}
+        if holder.get("token") != self.me["token"]:
+            raise RunDirBusy(self._busy_message(holder, 0.0))
+        self._thread = threading.Thread(target=self._beat, name="ibtmpi-runlock",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self):
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(self.path)
+            except OSError:
+                pass                         # removed under us, or the fs hiccuped
+
+    def release(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            holder, _ = self._read()
+            if holder.get("token") == self.me["token"]:
+                os.remove(self.path)
+        except OSError:
+            pass
+
+    def _busy_message(self, holder, age):
+        run_dir = os.path.dirname(self.path)
+        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        if holder.get("job"):
+            who += f" (batch job {holder['job']})"
+        return (f"run.dir {run_dir} is in use by {who}, started {holder.get('started', '?')}, "
+                f"heartbeat {age:.0f} s ago. Two runs in one directory would overwrite "
+                f"each other's checkpoints: wait for it to end, use another run.dir, or, "
+                f"if that process is gone (a node that died), delete {self.path}")
+
+
+def acquire(run_dir):
+    """Hold run_dir for this process until .release(); RunDirBusy if a live
+    run holds it."""
+    return RunLock(run_dir).acquire()

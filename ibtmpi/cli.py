@@ -67,6 +67,11 @@ def build_parser():
     p.add_argument("--resume", action="store_true",
                    help="require a checkpoint to resume from (default: resume "
                         "automatically when the run directory has a matching one)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check everything a run checks (config, data on every rank, "
+                        "device, run directory and its lock, the checkpoint it would "
+                        "resume from), print the plan and exit: 0 where the job "
+                        "would start, 2 where not; trains and writes nothing")
     p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu",
                    help="compute device of the workers: gpu (an error where CuPy "
                         "or a GPU is missing), auto (gpu where CuPy sees one, "
@@ -290,7 +295,7 @@ def cmd_train(args):
         cfg = load(args.config, overrides)
         # every rank writes its checkpoint file there: find out now, not
         # after the first pass of compute
-        _check_writable(cfg["run"]["dir"])
+        _check_writable(cfg["run"]["dir"], create=not args.dry_run)
         threads.configure(cfg["run"]["threads"])
         from .backend import resolve_cuda_aware
         distributed = size > 1 and not cfg["run"]["simulate"]
@@ -300,6 +305,10 @@ def cmd_train(args):
         if on_gpu and rank == 0:
             log(f"block buffers: {why}")
         trainer = Trainer(cfg, log=log, device_ops=device_ops, gpu_buffers=gpu_buffers)
+        if args.dry_run:
+            for line in trainer.plan():
+                log(line)
+            return 0
     except bad_input as e:
         return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
     try:
@@ -341,10 +350,20 @@ def _crash(trainer, cfg, size, rank):
     return _fail(msg, 1, size, rank, every_rank=True)
 
 
-def _check_writable(run_dir):
-    """The run directory must be creatable and writable before training."""
+def _check_writable(run_dir, create=True):
+    """The run directory must be creatable and writable before training.
+    create=False (a dry run): a missing one is not made; the nearest
+    existing directory above it must be writable instead."""
     import os
     from .config import ConfigError
+    if not create and not os.path.isdir(run_dir):
+        up = os.path.dirname(os.path.abspath(run_dir))
+        while not os.path.exists(up):
+            up = os.path.dirname(up)
+        if not (os.path.isdir(up) and os.access(up, os.W_OK | os.X_OK)):
+            raise ConfigError(f"run.dir {run_dir} cannot be created ({up} is not a "
+                              f"writable directory); choose another with --set run.dir=DIR")
+        return
     try:
         os.makedirs(run_dir, exist_ok=True)
         probe = os.path.join(run_dir, f".write-test-{os.getpid()}")

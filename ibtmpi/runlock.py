@@ -105,6 +105,16 @@ class RunLock:
         except (OSError, ValueError):
             return {}, age
 
+    def verdict(self):
+        """Why the existing lock may be taken over; RunDirBusy while its
+        holder is live; FileNotFoundError where there is none."""
+        holder, age = self._read()
+        why = _stale(holder, age, self.me) if holder else (
+            f"unreadable, no heartbeat for {age:.0f} s" if age > STALE_S else None)
+        if why is None:
+            raise RunDirBusy(self._busy_message(holder, age))
+        return why
+
     def acquire(self):
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         for _ in range(3):                   # lost races with another taker: retry
@@ -114,13 +124,9 @@ class RunLock:
             except FileExistsError:
                 pass
             try:
-                holder, age = self._read()
+                why = self.verdict()
             except FileNotFoundError:
                 continue                     # released meanwhile
-            why = _stale(holder, age, self.me) if holder else (
-                "unreadable and older than STALE_S" if age > STALE_S else None)
-            if why is None:
-                raise RunDirBusy(self._busy_message(holder, age))
             tmp = f"{self.path}.{self.me['token']}"
             with open(tmp, "w") as f:
                 json.dump(self.me, f)
@@ -173,3 +179,13 @@ def acquire(run_dir):
     """Hold run_dir for this process until .release(); RunDirBusy if a live
     run holds it."""
     return RunLock(run_dir).acquire()
+
+
+def probe(run_dir):
+    """What acquire() would find, taking nothing (train --dry-run): None for
+    a free directory, the reason a stale lock would be taken over, or
+    RunDirBusy."""
+    try:
+        return RunLock(run_dir).verdict()
+    except FileNotFoundError:
+        return None

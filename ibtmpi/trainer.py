@@ -530,7 +530,7 @@ class Trainer:
                 f"with (regenerated or replaced?); use another run.dir to start fresh")
         return done[::-1]
 
-    def _restore(self):
+    def _restore(self, dry=False):
         """Block to start from: 0, or one past the newest complete checkpoint
         that every rank can read. Under MPI rank 0 lists the candidates and
         broadcasts them (a rank with a stale view of the run directory, NFS
@@ -563,7 +563,10 @@ class Trainer:
             if not errs:
                 return k + 1
             where = ckpt.ckpt_dir(self.run_dir, k)
-            if self.is_master:
+            if dry:
+                self.log(f"checkpoint {where} cannot be read ({'; '.join(errs)}); a run "
+                         f"would set it aside and try the previous complete checkpoint")
+            elif self.is_master:
                 aside = os.path.join(os.path.dirname(where), "damaged-" + os.path.basename(where))
                 if os.path.exists(aside):
                     aside += f".{time.time_ns()}"
@@ -629,6 +632,56 @@ class Trainer:
             self.phase = "evaluation"
             while self._work():
                 pass
+
+    def plan(self):
+        """What run() would do, checked the way run() checks it, with nothing
+        trained or written (train --dry-run): the run directory's lock, which
+        checkpoint it would resume from (every rank reads its own file), the
+        schedule and the traffic. Every rank must call it; the master gets
+        the lines to print, the workers []."""
+        lock = runlock.probe(self.run_dir) if self.is_master else None
+        start = self._restore(dry=True)
+        if not (self.simulate or mpi.world_size() == 1):
+            mpi.allgather(None)        # every rank got this far: only then "would start"
+        if not self.is_master:
+            return []
+        s, r, n = self.sched, self.cfg["run"], self.n_workers
+        ds = self.ds
+        h, w, c = ds.image_shape
+        if self.simulate:
+            how = f"{n} workers simulated in one process"
+        elif mpi.world_size() > 1:
+            how = f"{n} workers, {mpi.world_size()} processes (rank 0 the master)"
+        else:
+            how = "1 worker, one process (the baseline)"
+        splits = ", ".join(f"{k} {ds.split(k).n:,d}" for k in ds.splits)
+        per_pass = s.steps_per_pass() if self.algo == "ssgd" else s.blocks_per_pass
+        mib = self.send.size * 4 / 2**20
+        every = r["checkpoint_every"] or s.blocks_per_pass
+        if start:
+            resume = (f"resume from {ckpt.ckpt_dir(self.run_dir, start - 1)} "
+                      f"(block {start} of {self.total_blocks})")
+        else:
+            resume = "start from block 0"
+        return [
+            "dry run: nothing trained, nothing written; the job would start as follows",
+            f"  job: {self.algo}, {how}; workers compute on "
+            f"{'gpu' if self.dev is not None else 'cpu'}",
+            f"  data: {ds.path}: {splits} images {h}x{w}x{c}, {ds.n_classes} classes",
+            f"  blocks: split {s.split_len(0, 0):,d} per worker (block "
+            f"{sum(s.split_len(i, 0) for i in range(n)):,d}), "
+            f"batch {s.batch}, {s.max_range:,d} samples per worker: {s.blocks_per_pass} "
+            f"blocks per pass, {s.steps_in_block(0)} steps per block; {self.total_blocks} "
+            f"blocks for {r['passes']:g} pass(es)",
+            f"  model: {self.cfg['model']['layers']}, {self.P:,d} parameters "
+            f"({self.P * 4 / 2**20:.1f} MiB float32)",
+            f"  communication: {per_pass} Allreduce(s) per pass "
+            f"({'one per step' if self.algo == 'ssgd' else 'one per block'}) of "
+            f"{self.send.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB per pass",
+            f"  checkpoints: every {every} block(s), {r['keep_checkpoints']} kept; {resume}",
+            f"  run.dir: {self.run_dir}: "
+            + ("free" if lock is None else f"its lock would be taken over ({lock})"),
+        ]
 
     def run(self):
         """Train to the end (or to a preemption); the master holds the run

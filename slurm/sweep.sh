@@ -10,6 +10,18 @@ TEMPLATE=slurm/cpu.sbatch
 if [ $# -gt 0 ] && [ -f "$1" ]; then TEMPLATE=$1; shift; fi
 OUT=${IBTMPI_SWEEP_DIR:-runs/sweep}
 VENV=${IBTMPI_VENV:-$PWD/.venv}
+# the configuration and the data checked once, here, before anything is
+# queued (a dry run with 2 simulated workers; IBTMPI_SWEEP_CHECK=0 skips it)
+if [ "${IBTMPI_SWEEP_CHECK:-1}" = 1 ]; then
+    chk=$(mktemp -d)
+    if ! "$VENV/bin/ibtmpi" train --dry-run --simulate 2 --config "$CONFIG" "$@" \
+            --set run.dir="$chk/r" >/dev/null; then
+        rm -rf "$chk"
+        echo "sweep: nothing submitted; fix the error above" >&2
+        exit 2
+    fi
+    rm -rf "$chk"
+fi
 mkdir -p "$OUT"
 ids=()
 for n in ${IBTMPI_SWEEP_NS:-1 2 4 8 16 32}; do

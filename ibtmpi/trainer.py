@@ -698,7 +698,7 @@ class Trainer:
     def _run(self):
         cfg, r = self.cfg, self.cfg["run"]
         n, P = self.n_workers, self.P
-        start = self._restore()
+        start = self.start = self._restore()
         if self.is_master:
             self._open_run_dir(start)
         self._pending_eval = None      # (record, generator, out)
@@ -825,8 +825,24 @@ class Trainer:
                    "allreduce_calls": mpi.STATS["allreduce"] - calls0,
                    "allreduce_bytes": mpi.STATS["bytes"] - bytes0,
                    "images": int(images), "simulated": bool(self.simulate),
-                   "world_size": 1 if self.simulate else mpi.world_size()}
-        if self.is_master:
+                   "world_size": 1 if self.simulate else mpi.world_size(),
+                   # wall_s is this process's; a resumed run's blocks before
+                   # start ran in earlier ones: their time is in the metrics
+                   "resumed_at_block": self.start,
+                   "blocks_wall_s": float(sum(h["wall_s"] for h in self.history))}
+        done = os.path.join(r["dir"], "summary.json")
+        if self.is_master and self.start >= self.total_blocks and os.path.exists(done):
+            # nothing trained: the finished run's summary stays as it was
+            with open(done) as f:
+                summary = json.load(f)
+            self.metrics_f.close()
+            acc = (f" (test accuracy {summary['test_acc']:.4f})"
+                   if "test_acc" in summary else "")
+            self.log(f"{r['dir']} already holds {self.start} trained blocks, this run "
+                     f"asks for {self.total_blocks}{acc}: nothing to train, its summary "
+                     f"and model are kept. Raise run.passes to train on, or use another "
+                     f"run.dir")
+        elif self.is_master:
             self.phase = "evaluation"
             if self.test is not None:
                 out = {}
@@ -838,7 +854,7 @@ class Trainer:
                 summary["val_acc"] = last_val[-1]["val_acc"]
             save_model(os.path.join(r["dir"], "model.npz"), self.z, self.model,
                        self.ds, self.cfg)
-            with open(os.path.join(r["dir"], "summary.json"), "w") as f:
+            with open(done, "w") as f:
                 json.dump(summary, f, indent=1)
             self.metrics_f.close()
             if "test_acc" in summary:

@@ -111,3 +111,27 @@ def test_dry_run_under_mpiexec_reads_every_ranks_checkpoint(small_dataset, tmp_p
     assert "a run would set it aside" in r.stdout
     assert f"resume from {ckpt.ckpt_dir(run, 2)} (block 3 of 12)" in r.stdout
     assert snapshot(run) == before               # nothing set aside, nothing written
+
+
+def test_rerun_of_a_finished_run_keeps_its_summary_and_model(small_dataset, tmp_path, capsys):
+    """The same command again on a finished run trains nothing and must not
+    overwrite the real summary (its wall time and test accuracy) with an
+    empty segment's; raising run.passes trains on and the summary says where
+    it resumed and the time of every block."""
+    run = str(tmp_path / "r")
+    argv = ["train", "--simulate", "2"] + sets(small_dataset, run)
+    assert main(argv) == 0
+    capsys.readouterr()
+    files = {f: open(os.path.join(run, f), "rb").read() for f in ("summary.json", "model.npz")}
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    acc = json.loads(files["summary.json"])["test_acc"]
+    assert (f"{run} already holds 6 trained blocks, this run asks for 6 (test accuracy "
+            f"{acc:.4f}): nothing to train") in out
+    for f, data in files.items():
+        assert open(os.path.join(run, f), "rb").read() == data, f
+    assert main(["train", "--simulate", "2"] + sets(small_dataset, run, passes=2)) == 0
+    s = json.load(open(os.path.join(run, "summary.json")))
+    recs = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
+    assert s["blocks"] == 12 and s["resumed_at_block"] == 6 and len(recs) == 12
+    assert s["blocks_wall_s"] == pytest.approx(sum(r["wall_s"] for r in recs))

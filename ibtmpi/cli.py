@@ -139,6 +139,15 @@ def build_parser():
                         "another --seed): the accuracy target is also decided on its "
                         "test split, with the paired standard error of the gap")
 
+    p = sub.add_parser(
+        "status", help="what run directories' jobs are doing (running, finished, ...)",
+        description="One line per run directory, from the files the run keeps: running "
+                    "(who holds it, heartbeat, block, time left), finished (test "
+                    "accuracy), failed or stopped (and the checkpoint a rerun resumes "
+                    "from). Reads no data and needs no MPI: safe on a login node.")
+    p.add_argument("runs", nargs="+", metavar="RUN")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
     p.add_argument("--model", default="reference")
     p.add_argument("--image-size", type=_positive_int, default=64)
@@ -568,12 +577,27 @@ def cmd_bench(args):
     raise UsageError("give `bench run` or `bench report`")
 
 
+def cmd_status(args):
+    import json
+    from .status import describe, inspect
+    code = 0
+    for run in args.runs:
+        try:
+            info = inspect(run)
+        except FileNotFoundError as e:
+            print(f"ibtmpi status: error: {e}", file=sys.stderr)
+            code = 2
+            continue
+        print(json.dumps(info) if args.json else describe(info), flush=True)
+    return code
+
+
 def cmd_prep(args):
     from .data_prep.cli import main as prep_main
     return prep_main(args.rest, prog="ibtmpi prep")
 
 
-COMMANDS = {"info": cmd_info, "demo": cmd_demo, "prep": cmd_prep,
+COMMANDS = {"info": cmd_info, "status": cmd_status, "demo": cmd_demo, "prep": cmd_prep,
             "train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict,
             "export": cmd_export, "plot": cmd_plot, "bench": cmd_bench}
 

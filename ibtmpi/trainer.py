@@ -732,7 +732,8 @@ class Trainer:
                 wait = rv[NS + n:NS + 2 * n].astype(np.float64)
                 wall = time.perf_counter() - t0
                 images += cnt
-                rec = {"block": k, "pass": p, "block_in_pass": b, "algorithm": self.algo,
+                rec = {"block": k, "blocks_total": self.total_blocks, "pass": p,
+                       "block_in_pass": b, "algorithm": self.algo,
                        "N": n, "train_loss": loss_sum / max(cnt, 1),
                        "train_acc": corr / max(cnt, 1), "samples": int(cnt),
                        "primal_residual": diag["primal"], "dual_residual": diag["dual"],

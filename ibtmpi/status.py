@@ -1,0 +1,131 @@
+"""`ibtmpi status RUN...`: what a run directory's job is doing, read from the
+files the run keeps (no MPI, no data): finished (summary.json), running
+(a live RUN/.lock: host, pid, batch job, heartbeat), failed
+(error-rank-*.txt newer than the last block), or stopped (preempted or
+killed: the checkpoint a rerun resumes from). Progress and time left come
+from metrics.jsonl."""
+import glob
+import json
+import os
+
+from . import checkpoint as ckpt
+from . import runlock
+
+
+def _metrics(run_dir):
+    recs = []
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            for line in f:
+                try:
+                    recs.append(json.loads(line))
+                except ValueError:
+                    break                      # a torn last line
+    except OSError:
+        pass
+    return recs
+
+
+def _hms(s):
+    if s < 60:
+        return f"{s:.1f} s"
+    s = int(round(s))
+    h, m = divmod(s, 3600)
+    m, s = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def inspect(run_dir):
+    """A dict describing the run: state (finished | running | failed |
+    stopped | stale-lock | not started) and what is known about it."""
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"{run_dir} is not a directory")
+    recs = _metrics(run_dir)
+    done = ckpt.complete(run_dir)
+    info = {"run_dir": run_dir, "blocks_done": len(recs),
+            "last_checkpoint": done[-1] if done else None}
+    if recs:
+        last = recs[-1]
+        info.update(algorithm=last.get("algorithm"), N=last.get("N"),
+                    blocks_total=last.get("blocks_total"), passes_done=last.get("pass", 0) + 1,
+                    train_loss=last.get("train_loss"))
+        vals = [r for r in recs if "val_acc" in r]
+        if vals:
+            info["val_acc"] = vals[-1]["val_acc"]
+        recent = [r["wall_s"] for r in recs[-10:] if "wall_s" in r]
+        if recent:
+            info["block_s"] = sum(recent) / len(recent)
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        summary = None
+    lock = runlock.RunLock(run_dir)
+    try:
+        holder, age = lock._read()
+        try:
+            lock.verdict()
+            live = False
+        except runlock.RunDirBusy:
+            live = True
+    except FileNotFoundError:
+        holder, age, live = None, None, False
+    errors = sorted(glob.glob(os.path.join(run_dir, "error-rank-*.txt")))
+    newest = os.path.getmtime(os.path.join(run_dir, "metrics.jsonl")) if recs else 0.0
+    errors = [e for e in errors if os.path.getmtime(e) >= newest]
+    if live:
+        info.update(state="running", holder=holder, heartbeat_s=age)
+    elif summary is not None and (not recs or summary.get("blocks") == len(recs)):
+        info.update(state="finished", test_acc=summary.get("test_acc"),
+                    blocks_total=summary.get("blocks"), wall_s=summary.get("wall_s"))
+    elif errors:
+        info.update(state="failed", errors=errors)
+    elif holder is not None:
+        info.update(state="stopped", holder=holder, heartbeat_s=age)
+    elif recs:
+        info["state"] = "stopped"
+    else:
+        info["state"] = "not started"
+    return info
+
+
+def describe(info):
+    """One line (and the next step where there is one) for `info`."""
+    total = info.get("blocks_total")
+    k = info["blocks_done"]
+    prog = f"{k}/{total} blocks ({k / total:.0%})" if total else f"{k} blocks"
+    bits = []
+    if info.get("val_acc") is not None:
+        bits.append(f"val acc {info['val_acc']:.4f}")
+    if info.get("train_loss") is not None:
+        bits.append(f"train loss {info['train_loss']:.4f}")
+    what = f"{info.get('algorithm')}, N={info.get('N')}" if info.get("algorithm") else ""
+    state = info["state"]
+    resume = (f"a rerun resumes from {ckpt.ckpt_dir(info['run_dir'], info['last_checkpoint'])}"
+              if info.get("last_checkpoint") is not None else "a rerun starts from block 0")
+    if state == "running":
+        h = info["holder"]
+        who = f"pid {h.get('pid')} on {h.get('host')}" + (
+            f", {h['job']}" if h.get("job") else "")
+        left = ""
+        if total and info.get("block_s"):
+            left = f", about {_hms((total - k) * info['block_s'])} left"
+        line = (f"running ({who}; heartbeat {info['heartbeat_s']:.0f} s ago): {prog}"
+                f"{left}")
+    elif state == "finished":
+        acc = f", test acc {info['test_acc']:.4f}" if info.get("test_acc") is not None else ""
+        wall = f" in {_hms(info['wall_s'])}" if info.get("wall_s") else ""
+        line = f"finished: {prog}{acc}{wall}"
+        bits = []
+    elif state == "failed":
+        names = ", ".join(os.path.basename(e) for e in info["errors"])
+        line = f"failed after {prog} (see {names}); {resume}"
+    elif state == "stopped":
+        line = f"stopped after {prog}, not running; {resume}"
+    else:
+        line = "not started (no block done)"
+    if what:
+        line = f"{what}: {line}"
+    if bits:
+        line += "; " + ", ".join(bits)
+    return f"{info['run_dir']}: {line}"

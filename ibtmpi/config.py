@@ -9,6 +9,7 @@ in docs/config.md. Test: tests/unit/test_config.py.
 from __future__ import annotations
 
 import copy
+import datetime
 import difflib
 import hashlib
 import json
@@ -74,6 +75,8 @@ DEFAULTS = {
         "resume": "auto",        # auto | always | never
         "watchdog_s": 0.0,       # > 0: abort a block running longer (MPI runs)
         "cuda_aware": "auto",    # GPU workers: auto | on | off (device buffers to MPI)
+        "time_limit": "auto",    # stop with a checkpoint before it: auto (the Slurm
+                                 # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
     },
 }
 
@@ -96,12 +99,55 @@ def _coerce(section, key, value):
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
         raise ConfigError(f"{where} must be 'auto' or an integer >= 1, got {value!r}")
+    if key == "time_limit":
+        if isinstance(value, datetime.time):          # TOML read 01:30:00 as a time
+            value = value.isoformat()
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} needs a unit: 90m, 4h, 1:30:00 or 2-00:00:00 "
+                              f"(or auto, none), got {value!r}")
+        parse_duration(value, where)                  # an error now, not at the end
+        return value
     t = type(default)
     if t is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not t:
         raise ConfigError(f"{where} must be {_TYPES[t]}, got {value!r}")
     return value
+
+
+def parse_duration(text, where="run.time_limit"):
+    """Seconds of a duration: 45s, 90m, 4h, 2d, MM:SS, HH:MM:SS or
+    D-HH[:MM[:SS]] (Slurm's --time forms with a colon or a day); None for
+    auto and none. A bare number is refused: Slurm reads 30 as minutes."""
+    t = str(text).strip().lower()
+    if t in ("auto", "none"):
+        return None
+    bad = ConfigError(f"{where} must be auto, none or a duration like 90m, 4h, 1:30:00 "
+                      f"or 2-00:00:00, got {text!r}")
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if t and t[-1] in units:
+            secs = float(t[:-1]) * units[t[-1]]
+        elif ":" in t or "-" in t:
+            days, _, rest = t.rpartition("-")
+            parts = [float(x) for x in rest.split(":")]
+            if days:                       # D-HH, D-HH:MM, D-HH:MM:SS
+                parts += [0.0] * (3 - len(parts))
+                h, m, sec = parts
+                secs = float(days) * 86400 + h * 3600 + m * 60 + sec
+            elif len(parts) == 2:          # MM:SS
+                secs = parts[0] * 60 + parts[1]
+            elif len(parts) == 3:          # HH:MM:SS
+                secs = parts[0] * 3600 + parts[1] * 60 + parts[2]
+            else:
+                raise ValueError
+        else:
+            raise ValueError
+    except ValueError:
+        raise bad from None
+    if not secs > 0 or secs != secs:
+        raise bad
+    return secs
 
 
 def _merge(cfg, section, key, value, origin):

@@ -39,6 +39,7 @@ NS = 6                      # scalar slots: loss_sum, n, correct, q, (2 reserved
 FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT = 1, 2, 4
 EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
 EXIT_DIVERGED = 4
+TIME_MARGIN_S = 30.0        # kept free before a time limit, besides 2 blocks + a checkpoint
 
 
 class Preempted(Exception):
@@ -143,6 +144,12 @@ class Trainer:
         self.block, self.phase = -1, "setup"
         self.stop_requested = False
         self.stop_agreed = False
+        self.stop_reason = "a signal"
+        # only the master watches the clock; the flags carry its stop to all
+        self.deadline, self.deadline_src = (resolve_deadline(r["time_limit"])
+                                            if rank == 0 else (None, ""))
+        self._ckpt_s = 0.0               # longest checkpoint write seen (master)
+        self._walls = []                 # recent block times (master)
         self.pending_ckpt = None         # block whose files await confirmation
         self.pending_ok = False
         self.run_dir = r["dir"]
@@ -633,6 +640,21 @@ class Trainer:
             while self._work():
                 pass
 
+    def _check_deadline(self, wall):
+        """Master, after each block: with less time left than two blocks
+        (the stop takes effect after the next one, through its flags), a
+        checkpoint and TIME_MARGIN_S, ask every rank to stop; the job ends
+        with exit 75 like a preemption and the templates requeue it."""
+        self._walls = (self._walls + [wall])[-5:]
+        left = self.deadline - time.time()
+        block = max(self._walls)
+        if left < 2 * block + self._ckpt_s + TIME_MARGIN_S:
+            self.stop_requested = True
+            self.stop_reason = f"the time limit ({self.deadline_src})"
+            self.log(f"time limit in {max(left, 0):.0f} s ({self.deadline_src}); a block "
+                     f"takes up to {block:.3g} s: stopping after the next block with a "
+                     f"checkpoint")
+
     def plan(self):
         """What run() would do, checked the way run() checks it, with nothing
         trained or written (train --dry-run): the run directory's lock, which
@@ -681,6 +703,9 @@ class Trainer:
             f"  checkpoints: every {every} block(s), {r['keep_checkpoints']} kept; {resume}",
             f"  run.dir: {self.run_dir}: "
             + ("free" if lock is None else f"its lock would be taken over ({lock})"),
+            "  time limit: " + ("none" if self.deadline is None else time.strftime(
+                "%Y-%m-%d %H:%M:%S", time.localtime(self.deadline))
+                + f" ({self.deadline_src}): stops with a checkpoint before it"),
         ]
 
     def run(self):
@@ -764,14 +789,18 @@ class Trainer:
                         bar.set_postfix(loss=f"{rec['train_loss']:.3f}")
                     if progress is not None and not last:
                         progress.block_done(k, rec, self.sched.blocks_per_pass)
+                if self.deadline is not None and not (last or self.stop_requested):
+                    self._check_deadline(wall)
                 if (k + 1) % every == 0 or last or self.stop_agreed:
                     self._finish_eval()            # metrics line k before checkpoint k
+                    tc = time.perf_counter()
                     self._checkpoint(k)
+                    self._ckpt_s = max(self._ckpt_s, time.perf_counter() - tc)
                 if self.stop_agreed and not last:
                     self._final_sync()
-                    raise Preempted(f"stopped by a signal after block {k}; checkpoint "
-                                    f"{ckpt.ckpt_dir(self.run_dir, k)} written; run the "
-                                    f"same command again to resume")
+                    raise Preempted(f"stopped by {self.stop_reason} after block {k}; "
+                                    f"checkpoint {ckpt.ckpt_dir(self.run_dir, k)} written; "
+                                    f"run the same command again to resume")
             self._final_sync()
         finally:
             _restore_handlers(old)
@@ -805,6 +834,10 @@ class Trainer:
                 f.writelines(json.dumps(x) + "\n" for x in kept)
             self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
                      f"(block {start} of {self.total_blocks})")
+        if self.deadline is not None:
+            end = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.deadline))
+            self.log(f"time limit {end} ({self.deadline_src}): the run stops with a "
+                     f"checkpoint before it (exit 75) and resumes when run again")
         self.metrics_f = open(mpath, "a" if start else "w")
         self.log(f"{self.algo}: {self.n_workers} worker(s)"
                  f"{' (simulated)' if self.simulate else ''}, "
@@ -921,7 +954,7 @@ def _hms(s):
 def run_hash(cfg, legacy=False):
     """Digest of what determines the computation, not operational keys
     (passes, threads, quiet, eval/checkpoint cadence, run dir, watchdog,
-    cuda_aware, progress_s) nor where the data lives: data.path may move (a
+    cuda_aware, progress_s, time_limit) nor where the data lives: data.path may move (a
     copy staged to node-local scratch after a requeue); the manifest's dataset
     fingerprint says whether it is the same data. legacy: the digest of
     checkpoints written before that (path included, no cuda_aware key),
@@ -930,11 +963,39 @@ def run_hash(cfg, legacy=False):
     c = copy.deepcopy(cfg)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware", "progress_s"):
+                "cuda_aware", "progress_s", "time_limit"):
         c["run"].pop(key, None)
     if not legacy:
         c["data"].pop("path", None)
     return digest(c)
+
+
+def resolve_deadline(spec, env=None, clock=time.time):
+    """(epoch seconds, where it came from) of the time limit, or (None, "").
+    auto: the Slurm job's end, from SLURM_JOB_END_TIME (Slurm >= 23.02) or
+    else `squeue -o %e` for SLURM_JOB_ID; none: no limit; a duration: that
+    long from now (the run's start)."""
+    from .config import parse_duration
+    env = os.environ if env is None else env
+    secs = parse_duration(spec)
+    if secs is not None:
+        return clock() + secs, f"run.time_limit = {spec}"
+    if str(spec).strip().lower() != "auto":
+        return None, ""
+    end = env.get("SLURM_JOB_END_TIME", "")
+    if end.isdigit() and int(end) > 0:
+        return float(end), f"Slurm job {env.get('SLURM_JOB_ID', '?')} ends"
+    job = env.get("SLURM_JOB_ID", "")
+    if job.isdigit():
+        import subprocess
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True,
+                                 text=True, timeout=20).stdout.strip()
+            t = time.mktime(time.strptime(out, "%Y-%m-%dT%H:%M:%S"))
+            return t, f"Slurm job {job} ends (squeue)"
+        except (OSError, subprocess.SubprocessError, ValueError, OverflowError):
+            pass           # no squeue, an unlimited job (UNLIMITED), an old format
+    return None, ""
 
 
 def _install_stop_handlers(trainer):

@@ -139,8 +139,8 @@ def test_resume_follows_the_data_not_its_path(small_dataset, tmp_path, monkeypat
 
 def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path):
     """Manifests written before data.path left the digest (and before the
-    cuda_aware and progress_s keys existed) carry the legacy digest and no
-    dataset entry."""
+    cuda_aware, progress_s and time_limit keys existed) carry the legacy
+    digest and no dataset entry."""
     import copy
     from ibtmpi.config import digest
     c = cfg(small_dataset, tmp_path / "r", "admm")
@@ -148,7 +148,7 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
     old = copy.deepcopy(c)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware", "progress_s"):
+                "cuda_aware", "progress_s", "time_limit"):
         old["run"].pop(key)
     for k in ckpt.complete(str(tmp_path / "r")):
         p = os.path.join(ckpt.ckpt_dir(str(tmp_path / "r"), k), "manifest.json")

@@ -10,19 +10,15 @@ import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi import runlock
+from conftest import train_args
+
 from ibtmpi.cli import main
 
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
 def sets(data, run_dir, passes=1, **extra):
-    out = []
-    for k, v in {"data.path": data, "data.split_size": 40, "data.batch": 16,
-                 "model.layers": "tiny", "run.passes": passes, "run.dir": run_dir,
-                 "run.threads": 1, "run.quiet": "true", "algorithm.name": "admm",
-                 **extra}.items():
-        out += ["--set", f"{k}={v}"]
-    return out
+    return train_args(data, run_dir, passes, **{"algorithm.name": "admm", **extra})
 
 
 def snapshot(d):

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from ibtmpi import runlock
+from conftest import train_args
+
 from ibtmpi.cli import main
 
 
@@ -101,12 +103,7 @@ def test_heartbeat_and_release_only_removes_our_own_lock(tmp_path, monkeypatch):
 
 
 def sets(data, run_dir, passes=1):
-    out = []
-    for k, v in {"data.path": data, "data.split_size": 40, "data.batch": 16,
-                 "model.layers": "tiny", "run.passes": passes, "run.dir": run_dir,
-                 "run.threads": 1, "run.quiet": "true"}.items():
-        out += ["--set", f"{k}={v}"]
-    return out
+    return train_args(data, run_dir, passes)
 
 
 def test_train_on_a_held_directory_is_exit_2_and_trains_nothing(small_dataset, tmp_path,

@@ -11,17 +11,14 @@ import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi import runlock
+from conftest import train_args
+
 from ibtmpi.cli import main
 
 
 def sets(data, run_dir, passes):
-    out = []
-    for k, v in {"data.path": data, "data.split_size": 40, "data.batch": 16,
-                 "model.layers": "tiny", "run.passes": passes, "run.dir": run_dir,
-                 "run.threads": 1, "run.quiet": "true", "algorithm.name": "admm",
-                 "run.checkpoint_every": 3}.items():
-        out += ["--set", f"{k}={v}"]
-    return out
+    return train_args(data, run_dir, passes, **{"algorithm.name": "admm",
+                                                 "run.checkpoint_every": 3})
 
 
 @pytest.fixture(scope="module")

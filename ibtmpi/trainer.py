@@ -39,7 +39,8 @@ NS = 6                      # scalar slots: loss_sum, n, correct, q, (2 reserved
 FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT = 1, 2, 4
 EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
 EXIT_DIVERGED = 4
-TIME_MARGIN_S = 30.0        # kept free before a time limit, besides 2 blocks + a checkpoint
+TIME_MARGIN_S = 30.0        # kept free before a time limit, besides 2 blocks + a
+                            # checkpoint (at most 5% of the time the run was given)
 
 
 class Preempted(Exception):
@@ -148,6 +149,8 @@ class Trainer:
         # only the master watches the clock; the flags carry its stop to all
         self.deadline, self.deadline_src = (resolve_deadline(r["time_limit"])
                                             if rank == 0 else (None, ""))
+        self._margin = (min(TIME_MARGIN_S, 0.05 * max(self.deadline - time.time(), 0.0))
+                        if self.deadline is not None else 0.0)
         self._ckpt_s = 0.0               # longest checkpoint write seen (master)
         self._walls = []                 # recent block times (master)
         self.pending_ckpt = None         # block whose files await confirmation
@@ -643,12 +646,12 @@ class Trainer:
     def _check_deadline(self, wall):
         """Master, after each block: with less time left than two blocks
         (the stop takes effect after the next one, through its flags), a
-        checkpoint and TIME_MARGIN_S, ask every rank to stop; the job ends
+        checkpoint and the margin, ask every rank to stop; the job ends
         with exit 75 like a preemption and the templates requeue it."""
         self._walls = (self._walls + [wall])[-5:]
         left = self.deadline - time.time()
         block = max(self._walls)
-        if left < 2 * block + self._ckpt_s + TIME_MARGIN_S:
+        if left < 2 * block + self._ckpt_s + self._margin:
             self.stop_requested = True
             self.stop_reason = f"the time limit ({self.deadline_src})"
             self.log(f"time limit in {max(left, 0):.0f} s ({self.deadline_src}); a block "

@@ -4,11 +4,14 @@ as an uninterrupted run; where the limit comes from (Slurm's end time,
 squeue, a duration); durations parsed the way Slurm users write them."""
 import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
+from ibtmpi import checkpoint as ckpt
 from ibtmpi import trainer as tr
 from conftest import train_args
 
@@ -21,15 +24,14 @@ def sets(data, run_dir, passes, **extra):
 
 
 def test_stops_before_the_limit_with_a_checkpoint_and_resumes_bitwise(
-        small_dataset, tmp_path, monkeypatch, capsys):
+        small_dataset, tmp_path, capsys):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     assert main(["train", "--simulate", "2"] + sets(small_dataset, a, 30,
                                                     **{"run.time_limit": "none"})) == 0
     blocks = len(open(os.path.join(a, "metrics.jsonl")).readlines())
     took = json.load(open(os.path.join(a, "summary.json")))["blocks_wall_s"]
     capsys.readouterr()
-    # a limit of about a third of the run (no margin, so the test is quick)
-    monkeypatch.setattr(tr, "TIME_MARGIN_S", 0.0)
+    # a limit of about a third of the run
     limit = f"{max(took / 3, 0.2):.3f}s"
     t0 = time.time()
     rc = main(["train", "--simulate", "2"] + sets(small_dataset, b, 30,
@@ -91,3 +93,21 @@ def test_bad_time_limits_are_config_errors():
     # TOML reads 01:30:00 as a time of day: taken as the duration it reads as
     assert load(None, ["data.path=x", "run.time_limit=01:30:00"])["run"]["time_limit"] \
         == "01:30:00"
+
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+
+@pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
+def test_under_mpiexec_every_rank_stops_at_the_same_block(small_dataset, tmp_path):
+    run = str(tmp_path / "r")
+    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "ibtmpi", "train"]
+                       + sets(small_dataset, run, 500, **{"run.time_limit": "3s",
+                                                          "run.quiet": "false"}),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 75, r.stdout + r.stderr
+    assert "stopped by the time limit (run.time_limit = 3s) after block" in r.stdout
+    k = ckpt.complete(run)[-1]
+    m = ckpt.read_manifest(run, k)
+    assert m["n_workers"] == 2
+    assert len(open(os.path.join(run, "metrics.jsonl")).readlines()) == k + 1

@@ -987,7 +987,7 @@ def resolve_deadline(spec, env=None, clock=time.time):
         return None, ""
     end = env.get("SLURM_JOB_END_TIME", "")
     if end.isdigit() and int(end) > 0:
-        return float(end), f"Slurm job {env.get('SLURM_JOB_ID', '?')} ends"
+        return float(end), f"the end of Slurm job {env.get('SLURM_JOB_ID', '?')}"
     job = env.get("SLURM_JOB_ID", "")
     if job.isdigit():
         import subprocess
@@ -995,7 +995,7 @@ def resolve_deadline(spec, env=None, clock=time.time):
             out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True,
                                  text=True, timeout=20).stdout.strip()
             t = time.mktime(time.strptime(out, "%Y-%m-%dT%H:%M:%S"))
-            return t, f"Slurm job {job} ends (squeue)"
+            return t, f"the end of Slurm job {job}, from squeue"
         except (OSError, subprocess.SubprocessError, ValueError, OverflowError):
             pass           # no squeue, an unlimited job (UNLIMITED), an old format
     return None, ""

@@ -3,8 +3,9 @@
 # cgroups): submit slurm/cpu.sbatch, assert on its output and metrics; then
 # preempt a job with `scancel --signal=USR1` and check it checkpointed,
 # requeued itself (exit 75) and resumed; then run the GPU-node template (CPU
-# workers) and both multi-node templates on the one node. Stops the daemons
-# at the end.
+# workers) and both multi-node templates on the one node; then a 1-minute job
+# with no signal that must stop itself before its time limit. Stops the
+# daemons at the end.
 # Needs root. Usage: bash tests/slurm/ci_slurm.sh [VENV]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -194,4 +195,19 @@ scancel "$id" || true
 grep -q "exit status 75" "ibtmpi-$id.out" || { cat "ibtmpi-$id.out"; say "FAIL: mpirun template: no exit 75"; exit 1; }
 ls run6/checkpoints | grep -q ckpt- || { say "FAIL: mpirun template: no checkpoint"; exit 1; }
 say "ok: mpirun template forwarded SIGUSR1 from the batch shell, checkpointed and requeued"
-say "slurm: 6 passed, 0 failed"
+
+# 5) the run's own time limit, with no signal at all: the master reads the
+# job's end (SLURM_JOB_END_TIME, or squeue on Slurm < 23.02) and stops every
+# rank with a checkpoint before it (exit 75). --time=1 is Slurm's shortest.
+sed -e "s#run1#run7#" -e "s#passes = 2#passes = 3000#" run.toml > run7.toml
+id=$(sbatch --parsable --overcommit --ntasks=3 --time=1 --output="ibtmpi-%j.out" \
+     --wrap="srun --mpi=pmi2 $VENV/bin/python -m ibtmpi train --config run7.toml")
+say "job $id: 1 minute, no signal"
+wait_job "$id" >/dev/null
+grep -E "time limit|preempted|resuming|error" "ibtmpi-$id.out" | tail -5
+grep -q "ibtmpi train: preempted: stopped by the time limit" "ibtmpi-$id.out" || \
+    { tail -20 "ibtmpi-$id.out"; say "FAIL: the run did not stop itself before the limit"; exit 1; }
+grep -q "exit status 75" "ibtmpi-$id.out" || { say "FAIL: time limit: no exit 75"; exit 1; }
+ls run7/checkpoints | grep -q ckpt- || { say "FAIL: time limit: no checkpoint"; exit 1; }
+say "ok: the run stopped itself with a checkpoint before the job's time limit"
+say "slurm: 7 passed, 0 failed"

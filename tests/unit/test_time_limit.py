@@ -59,7 +59,7 @@ def test_where_the_limit_comes_from(tmp_path):
     assert tr.resolve_deadline("none", env={"SLURM_JOB_END_TIME": "5000"}) == (None, "")
     assert tr.resolve_deadline("auto", env={}) == (None, "")
     assert tr.resolve_deadline("auto", env={"SLURM_JOB_END_TIME": "5000",
-                                            "SLURM_JOB_ID": "7"}) == (5000.0, "Slurm job 7 ends")
+                                            "SLURM_JOB_ID": "7"}) == (5000.0, "the end of Slurm job 7")
     # older Slurm: no SLURM_JOB_END_TIME, squeue says when the job ends
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -76,7 +76,7 @@ def test_where_the_limit_comes_from(tmp_path):
     finally:
         os.environ["PATH"] = old
     assert end == time.mktime((2030, 1, 2, 3, 4, 5, 0, 0, -1))
-    assert src == "Slurm job 7 ends (squeue)"
+    assert src == "the end of Slurm job 7, from squeue"
 
 
 @pytest.mark.parametrize("text,secs", [("45s", 45), ("90m", 5400), ("4h", 14400),

@@ -38,3 +38,4 @@ sbatch --dependency=afterany:"$dep" --ntasks=1 --job-name=ibtmpi-report \
        --output="$OUT/report-%j.out" \
        --wrap="$VENV/bin/ibtmpi bench report $OUT/t1-n* --out $OUT/report"
 echo "report: $OUT/report/report.md when all runs have ended"
+echo "progress: $VENV/bin/ibtmpi status $OUT/t1-n*"

@@ -41,3 +41,4 @@ def test_a_good_configuration_queues_each_n_then_the_report(small_dataset, tmp_p
     assert "--ntasks=3 --job-name=ibtmpi-n2" in calls[1]
     assert calls[2].startswith("--dependency=afterany:11:12 ")
     assert not os.path.exists(tmp_path / "out" / "t1-n1")      # the check wrote nothing there
+    assert f"progress: {VENV}/bin/ibtmpi status {tmp_path / 'out'}/t1-n*" in r.stdout

@@ -105,12 +105,19 @@ class RunLock:
         except (OSError, ValueError):
             return {}, age
 
-    def verdict(self):
-        """Why the existing lock may be taken over; RunDirBusy while its
-        holder is live; FileNotFoundError where there is none."""
+    def inspect(self):
+        """(holder, seconds since its heartbeat, why it may be taken over or
+        None while the holder is live); FileNotFoundError where there is no
+        lock."""
         holder, age = self._read()
         why = _stale(holder, age, self.me) if holder else (
             f"unreadable, no heartbeat for {age:.0f} s" if age > STALE_S else None)
+        return holder, age, why
+
+    def verdict(self):
+        """Why the existing lock may be taken over; RunDirBusy while its
+        holder is live; FileNotFoundError where there is none."""
+        holder, age, why = self.inspect()
         if why is None:
             raise RunDirBusy(self._busy_message(holder, age))
         return why

@@ -12,6 +12,12 @@ from . import checkpoint as ckpt
 from . import runlock
 
 
+def hms(s):
+    """Seconds as H:MM:SS (progress lines, status)."""
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
 def _metrics(run_dir):
     recs = []
     try:
@@ -26,18 +32,9 @@ def _metrics(run_dir):
     return recs
 
 
-def _hms(s):
-    if s < 60:
-        return f"{s:.1f} s"
-    s = int(round(s))
-    h, m = divmod(s, 3600)
-    m, s = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
 def inspect(run_dir):
     """A dict describing the run: state (finished | running | failed |
-    stopped | stale-lock | not started) and what is known about it."""
+    stopped | not started) and what is known about it."""
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a directory")
     recs = _metrics(run_dir)
@@ -60,14 +57,9 @@ def inspect(run_dir):
             summary = json.load(f)
     except (OSError, ValueError):
         summary = None
-    lock = runlock.RunLock(run_dir)
     try:
-        holder, age = lock._read()
-        try:
-            lock.verdict()
-            live = False
-        except runlock.RunDirBusy:
-            live = True
+        holder, age, stale = runlock.RunLock(run_dir).inspect()
+        live = stale is None
     except FileNotFoundError:
         holder, age, live = None, None, False
     errors = sorted(glob.glob(os.path.join(run_dir, "error-rank-*.txt")))
@@ -109,12 +101,12 @@ def describe(info):
             f", {h['job']}" if h.get("job") else "")
         left = ""
         if total and info.get("block_s"):
-            left = f", about {_hms((total - k) * info['block_s'])} left"
+            left = f", about {hms((total - k) * info['block_s'])} left"
         line = (f"running ({who}; heartbeat {info['heartbeat_s']:.0f} s ago): {prog}"
                 f"{left}")
     elif state == "finished":
         acc = f", test acc {info['test_acc']:.4f}" if info.get("test_acc") is not None else ""
-        wall = f" in {_hms(info['wall_s'])}" if info.get("wall_s") else ""
+        wall = f" in {hms(info['wall_s'])}" if info.get("wall_s") else ""
         line = f"finished: {prog}{acc}{wall}"
         bits = []
     elif state == "failed":

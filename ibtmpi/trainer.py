@@ -27,6 +27,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import runlock
+from .status import hms
 from .config import digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
@@ -658,6 +659,10 @@ class Trainer:
                      f"takes up to {block:.3g} s: stopping after the next block with a "
                      f"checkpoint")
 
+    def _deadline_text(self):
+        end = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.deadline))
+        return f"{end} ({self.deadline_src})"
+
     def plan(self):
         """What run() would do, checked the way run() checks it, with nothing
         trained or written (train --dry-run): the run directory's lock, which
@@ -706,9 +711,8 @@ class Trainer:
             f"  checkpoints: every {every} block(s), {r['keep_checkpoints']} kept; {resume}",
             f"  run.dir: {self.run_dir}: "
             + ("free" if lock is None else f"its lock would be taken over ({lock})"),
-            "  time limit: " + ("none" if self.deadline is None else time.strftime(
-                "%Y-%m-%d %H:%M:%S", time.localtime(self.deadline))
-                + f" ({self.deadline_src}): stops with a checkpoint before it"),
+            "  time limit: " + ("none" if self.deadline is None else
+                                f"{self._deadline_text()}: stops with a checkpoint before it"),
         ]
 
     def run(self):
@@ -838,8 +842,7 @@ class Trainer:
             self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
                      f"(block {start} of {self.total_blocks})")
         if self.deadline is not None:
-            end = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.deadline))
-            self.log(f"time limit {end} ({self.deadline_src}): the run stops with a "
+            self.log(f"time limit {self._deadline_text()}: the run stops with a "
                      f"checkpoint before it (exit 75) and resumes when run again")
         self.metrics_f = open(mpath, "a" if start else "w")
         self.log(f"{self.algo}: {self.n_workers} worker(s)"
@@ -946,12 +949,7 @@ class Progress:
         self.log(f"block {k + 1}/{self.total} (pass {rec['pass'] + 1}, "
                  f"{rec['block_in_pass'] + 1}/{blocks_per_pass}): train loss "
                  f"{rec['train_loss']:.4f}, {self.images / max(el, 1e-9):.0f} img/s, "
-                 f"{_hms(el)} elapsed, about {_hms(el / done * left)} left")
-
-
-def _hms(s):
-    s = int(round(s))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+                 f"{hms(el)} elapsed, about {hms(el / done * left)} left")
 
 
 def run_hash(cfg, legacy=False):

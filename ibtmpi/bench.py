@@ -26,15 +26,12 @@ import subprocess
 import sys
 import time
 
+from . import launcher
+
 ALGOS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
 
 
 # -- run ---------------------------------------------------------------------
-
-def _mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else shutil.which("mpiexec")
-
 
 def run_one(out_dir, name, data, algo, n, sets, mpi, log=print):
     d = os.path.join(out_dir, name)
@@ -45,7 +42,7 @@ def run_one(out_dir, name, data, algo, n, sets, mpi, log=print):
     for s in sets:
         base += ["--set", s]
     if n > 1 and mpi:
-        cmd = [_mpiexec(), "-n", str(n + 1)] + base
+        cmd = launcher.command(n + 1) + ["-n", str(n + 1)] + base
     elif n > 1:
         cmd = base + ["--simulate", str(n)]
     else:
@@ -69,6 +66,11 @@ def run_one(out_dir, name, data, algo, n, sets, mpi, log=print):
 def run(out_dir, data, ns=(1, 2, 4, 8), algos=ALGOS, passes=3.0, split=256, batch=32,
         mpi_max=None, fixed_block=1240, fixed_ns=(10, 20, 40), extra=(), log=print):
     mpi_max = (os.cpu_count() or 1) if mpi_max is None else mpi_max
+    try:
+        launcher.find_mpiexec()
+    except launcher.LauncherError as e:
+        log(f"{e}; every N > 1 runs in simulation")
+        mpi_max = 0
     common = [f"run.passes={passes}", f"data.batch={batch}", *extra]
     log("T1: every algorithm vs N")
     for algo in algos:

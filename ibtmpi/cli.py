@@ -319,7 +319,7 @@ def cmd_train(args):
     except Diverged as e:
         log(f"ibtmpi train: diverged: {e}")
         return EXIT_DIVERGED
-    except CheckpointError as e:
+    except (CheckpointError, ConfigError) as e:   # what run() finds before block 0
         return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
     except OSError as e:
         if is_storage_error(e):          # disk full, quota, read-only: say so in one line

@@ -39,6 +39,8 @@ DEFAULTS = {
     "model": {
         "layers": "reference",   # preset name or a list of layer tables
         "seed": 0,               # He initialisation
+        "init": "",              # start from a trained model instead: a run
+                                 # directory, its model.npz or a checkpoint dir
     },
     "algorithm": {
         "name": "ibt",

@@ -28,7 +28,7 @@ from . import checkpoint as ckpt
 from . import comm as mpi
 from . import runlock
 from .status import hms
-from .config import digest
+from .config import ConfigError, digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
 from .loader import WorkerData
@@ -156,6 +156,7 @@ class Trainer:
         self._walls = []                 # recent block times (master)
         self.pending_ckpt = None         # block whose files await confirmation
         self.pending_ok = False
+        self.init_note = ""              # model.init: where the start came from
         self.run_dir = r["dir"]
         self.cfg_hash = run_hash(cfg)
         self.data_fp = digest(self.ds.meta)   # what the data is, wherever it lives
@@ -529,7 +530,8 @@ class Trainer:
                 f"{m.get('world_size')} process(es); this run has {self.n_workers} in "
                 f"{world}. Resuming with another worker count is not supported "
                 f"(duals and data ranges are per worker): relaunch with the same "
-                f"count, or use another run.dir")
+                f"count, or start a new run from this one's model: another run.dir "
+                f"and --set model.init={self.run_dir}")
         if m.get("config_hash") not in (self.cfg_hash, run_hash(self.cfg, legacy=True)):
             raise ckpt.CheckpointError(
                 f"{where} was written by another configuration (model, data or "
@@ -588,7 +590,67 @@ class Trainer:
             raise ckpt.CheckpointError(
                 f"no complete checkpoint in {self.run_dir} could be read (last: "
                 f"{'; '.join(errs)}); use another run.dir to start fresh")
+        self._init_from_model(dist)
         return 0
+
+    def _init_from_model(self, dist):
+        """model.init, for a run that starts at block 0: w of every worker
+        and z from a trained model's z (duals and momenta stay zero). Every
+        rank reads the file; all of them fail together (ConfigError, exit 2)
+        when any one cannot, e.g. a path its node does not see."""
+        path = self.cfg["model"]["init"]
+        if not path:
+            return
+        from .outputs import TrainedModelError, load_trained
+        err, t = None, None
+        try:
+            t = load_trained(path)
+            err = self._init_mismatch(t)
+        except TrainedModelError as e:
+            err = str(e)
+        every = mpi.allgather(err) if dist else [err]
+        bad = [i for i, e in enumerate(every) if e]
+        if bad:
+            who = f" (rank(s) {bad})" if dist else ""
+            raise ConfigError(f"model.init: {every[bad[0]]}{who}")
+        z = np.asarray(t.model.params, np.float32)
+        self.model.params[...] = self._dev(z)
+        if self.algo == "ssgd":
+            self.z[...] = z
+        else:
+            self.cons = self._new_consensus()
+            self.z = self.cons.z
+        notes = []
+        if t.classes != list(self.ds.classes):
+            notes.append(f"its classes {t.classes} are this data's {list(self.ds.classes)} "
+                         f"by position")
+        if not (np.allclose(t.mean, self.ds.mean, atol=1e-3) and
+                np.allclose(t.std, self.ds.std, atol=1e-3)):
+            notes.append("it was trained with another normalisation (mean/std); this "
+                         "run normalises with this data's")
+        self.init_note = (f"initialised from {t.source}"
+                          + (": " + "; ".join(notes) if notes else ""))
+
+    def _init_mismatch(self, t):
+        """Why trained model t cannot start this run's model, or None."""
+        m = self.model
+        if t.model.input_shape != m.input_shape:
+            return (f"{t.source} takes {t.model.input_shape} inputs (C, H, W), this "
+                    f"data has {m.input_shape}")
+        if t.model.n_classes != m.n_classes:
+            return (f"{t.source} has {t.model.n_classes} classes, this data "
+                    f"{m.n_classes}")
+        mine = [l.describe() for l in m.layers]
+        theirs = [l.describe() for l in t.model.layers]
+        if mine != theirs or t.model.size != m.size:
+            return (f"{t.source} has other layers ({t.layers!r}, {t.model.size:,d} "
+                    f"parameters) than model.layers = {self.cfg['model']['layers']!r} "
+                    f"({m.size:,d})")
+        if sorted(t.classes) == sorted(self.ds.classes) and t.classes != list(self.ds.classes):
+            return (f"{t.source} orders the same classes differently ({t.classes} "
+                    f"against this data's {list(self.ds.classes)}): its outputs would "
+                    f"name the wrong classes")
+        return None
 
     def _load_state(self, k):
         """This rank's state from checkpoint k (CheckpointError if unreadable)."""
@@ -692,7 +754,7 @@ class Trainer:
             resume = (f"resume from {ckpt.ckpt_dir(self.run_dir, start - 1)} "
                       f"(block {start} of {self.total_blocks})")
         else:
-            resume = "start from block 0"
+            resume = "start from block 0" + (f", {self.init_note}" if self.init_note else "")
         return [
             "dry run: nothing trained, nothing written; the job would start as follows",
             f"  job: {self.algo}, {how}; workers compute on "
@@ -850,6 +912,8 @@ class Trainer:
                  f"{self.sched.n} train images, split {self.sched.split_size}, "
                  f"batch {self.sched.batch}, {self.sched.blocks_per_pass} blocks/pass, "
                  f"{self.total_blocks} blocks, model {self.P:,d} parameters")
+        if self.init_note and not start:
+            self.log(f"model.init: {self.init_note}")
 
     def _finish(self, t_start, cpu_start, calls0, bytes0, images):
         r = self.cfg["run"]
@@ -966,6 +1030,7 @@ def run_hash(cfg, legacy=False):
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit"):
         c["run"].pop(key, None)
+    c["model"].pop("init", None)       # only a fresh start reads it
     if not legacy:
         c["data"].pop("path", None)
     return digest(c)

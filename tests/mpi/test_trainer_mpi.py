@@ -110,3 +110,30 @@ def test_a_checkpoint_damaged_on_one_worker_falls_back_on_every_rank(dataset):
     if W.Get_rank() == 0:
         assert any("cannot be read (rank 1:" in m for m in logs)
     assert t.z.tobytes() == straight.z.tobytes()
+
+
+def test_init_from_a_model_under_mpi_matches_its_simulation(dataset):
+    """model.init under MPI: every rank starts from the file, the run ends
+    where its simulation ends; a path that one rank cannot read stops every
+    rank with the same ConfigError instead of leaving the others waiting."""
+    from ibtmpi.config import ConfigError
+    n_workers = W.Get_size() - 1
+    src = make_cfg(dataset, "ma", extra=("run.passes=0.5",))
+    Trainer(src, log=lambda m: None).run()
+    init = (f"model.init={src['run']['dir']}",)
+    t = Trainer(make_cfg(dataset, "ibt", extra=init), log=lambda m: None)
+    t.run()
+    assert len(set(W.allgather(hashlib.sha256(t.z.tobytes()).hexdigest()))) == 1
+    if W.Get_rank() == 0:
+        sim = Trainer(make_cfg(dataset, "ibt", simulate=n_workers, extra=init),
+                      log=lambda m: None)
+        sim.run()
+        assert float(np.abs(sim.z - t.z).max()) <= 1e-6 * max(1.0, float(np.abs(sim.z).max()))
+    W.Barrier()
+    # the last rank alone is pointed at a missing file
+    last = W.Get_rank() == W.Get_size() - 1
+    bad = make_cfg(dataset, "ibt", extra=init)
+    if last:
+        bad["model"]["init"] = os.path.join(src["run"]["dir"], "missing.npz")
+    with pytest.raises(ConfigError, match=rf"rank\(s\) \[{W.Get_size() - 1}\]"):
+        Trainer(bad, log=lambda m: None).run()

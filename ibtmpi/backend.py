@@ -309,6 +309,10 @@ class GpuOps:
                      np.int64(z.size), np.float32(inv_n), np.float32(eta),
                      np.float32(zeta), np.int32(bool(nesterov)))
 
+    def device_id(self):
+        """Ordinal of the GPU this process computes on."""
+        return int(self.cp.cuda.Device().id)
+
     def asnumpy(self, x):
         return self.cp.asnumpy(x)
 

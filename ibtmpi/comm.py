@@ -87,7 +87,7 @@ def node_rank_size(comm=None):
 def library_version():
     if MPI is None:
         return f"none: {MISSING}; one process only (--simulate N needs no MPI)"
-    return MPI.Get_library_version().strip().splitlines()[0]
+    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
 
 
 def _mpi_library_handles():

@@ -631,6 +631,26 @@ class Trainer:
         self.init_note = (f"initialised from {t.source}"
                           + (": " + "; ".join(notes) if notes else ""))
 
+    def _placement(self):
+        """[(host, pid, BLAS threads, device)] of every rank, rank order: one
+        allgather at the start, for the start line and summary.json."""
+        import socket
+        from .threads import current_blas_threads
+        dev = "-" if not self.local else (
+            "cpu" if self.dev is None else f"gpu {self.dev.device_id()}")
+        me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev)
+        return mpi.allgather(me) if not (self.simulate or mpi.world_size() == 1) else [me]
+
+    def _environment(self):
+        """What a run needs to be compared months later: versions, the MPI
+        library and where every rank ran (this process's last start)."""
+        import platform
+        from . import __version__
+        return {"ibtmpi": __version__, "python": platform.python_version(),
+                "numpy": np.__version__, "mpi": mpi.library_version(),
+                "ranks": [{"rank": i, "host": h, "pid": p, "blas_threads": t, "device": d}
+                          for i, (h, p, t, d) in enumerate(self.placement)]}
+
     def _init_mismatch(self, t):
         """Why trained model t cannot start this run's model, or None."""
         m = self.model
@@ -793,6 +813,7 @@ class Trainer:
         cfg, r = self.cfg, self.cfg["run"]
         n, P = self.n_workers, self.P
         start = self.start = self._restore()
+        self.placement = self._placement()
         if self.is_master:
             self._open_run_dir(start)
         self._pending_eval = None      # (record, generator, out)
@@ -914,6 +935,7 @@ class Trainer:
                  f"{self.total_blocks} blocks, model {self.P:,d} parameters")
         if self.init_note and not start:
             self.log(f"model.init: {self.init_note}")
+        self.log(placement_text(self.placement))
 
     def _finish(self, t_start, cpu_start, calls0, bytes0, images):
         r = self.cfg["run"]
@@ -933,7 +955,8 @@ class Trainer:
                    # wall_s is this process's; a resumed run's blocks before
                    # start ran in earlier ones: their time is in the metrics
                    "resumed_at_block": self.start,
-                   "blocks_wall_s": float(sum(h["wall_s"] for h in self.history))}
+                   "blocks_wall_s": float(sum(h["wall_s"] for h in self.history)),
+                   "environment": self._environment()}
         done = os.path.join(r["dir"], "summary.json")
         if self.is_master and self.start >= self.total_blocks and os.path.exists(done):
             # nothing trained: the finished run's summary stays as it was
@@ -1014,6 +1037,37 @@ class Progress:
                  f"{rec['block_in_pass'] + 1}/{blocks_per_pass}): train loss "
                  f"{rec['train_loss']:.4f}, {self.images / max(el, 1e-9):.0f} img/s, "
                  f"{hms(el)} elapsed, about {hms(el / done * left)} left")
+
+
+def _ranges(ranks):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(f"{ranks[i]}" if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def placement_text(rows, show=4):
+    """One line on where the ranks run, from _placement's rows: nodes with
+    their ranks (the first `show` nodes), BLAS threads and devices."""
+    hosts = {}
+    for r, (host, _pid, _thr, _dev) in enumerate(rows):
+        hosts.setdefault(host, []).append(r)
+    shown = [f"{h} [{_ranges(rs)}]" for h, rs in list(hosts.items())[:show]]
+    if len(hosts) > show:
+        shown.append(f"... {len(hosts) - show} more")
+    threads = sorted({t for _h, _p, t, _d in rows if t is not None})
+    devs = [d for _h, _p, _t, d in rows if d != "-"]
+    kinds = sorted({d.split()[0] for d in devs})
+    gpus = {(h, d) for h, _p, _t, d in rows if d.startswith("gpu")}
+    return (f"placement: {len(rows)} rank(s) on {len(hosts)} node(s): {', '.join(shown)}; "
+            f"BLAS threads per rank {'/'.join(map(str, threads)) or '?'}; workers on "
+            f"{'/'.join(kinds) or 'cpu'}"
+            + (f" ({len(gpus)} GPU(s) for {len(devs)} worker(s))" if gpus else ""))
 
 
 def run_hash(cfg, legacy=False):

@@ -137,3 +137,18 @@ def test_init_from_a_model_under_mpi_matches_its_simulation(dataset):
         bad["model"]["init"] = os.path.join(src["run"]["dir"], "missing.npz")
     with pytest.raises(ConfigError, match=rf"rank\(s\) \[{W.Get_size() - 1}\]"):
         Trainer(bad, log=lambda m: None).run()
+
+
+def test_summary_says_where_every_rank_ran(dataset):
+    import json
+    import socket
+    t = Trainer(make_cfg(dataset, "ma", extra=("run.passes=0.5",)), log=lambda m: None)
+    t.run()
+    me = {"rank": W.Get_rank(), "host": socket.gethostname(), "pid": os.getpid()}
+    mine = W.gather(me)
+    if W.Get_rank() == 0:
+        env = json.load(open(os.path.join(t.run_dir, "summary.json")))["environment"]
+        ranks = env["ranks"]
+        assert [{k: r[k] for k in ("rank", "host", "pid")} for r in ranks] == mine
+        assert [r["device"] for r in ranks] == ["-"] + ["cpu"] * (W.Get_size() - 1)
+    W.Barrier()

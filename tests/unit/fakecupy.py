@@ -66,13 +66,17 @@ class _Cuda:
         return _Stream(self.log)
 
     def Device(self, index=0):                       # noqa: N802 (CuPy's name)
-        return _Device(self.log)
+        return _Device(self.log, index)
 
 
 class _Device(_Stream):
-    """cupy.cuda.Device: synchronize (logged like a stream's) and the
-    compute capability string."""
+    """cupy.cuda.Device: synchronize (logged like a stream's), its ordinal
+    and the compute capability string."""
     compute_capability = "90"
+
+    def __init__(self, log, index=0):
+        super().__init__(log)
+        self.id = index
 
 
 class _MemoryPool:

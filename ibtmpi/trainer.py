@@ -641,6 +641,15 @@ class Trainer:
         me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev)
         return mpi.allgather(me) if not (self.simulate or mpi.world_size() == 1) else [me]
 
+    def _straggler_text(self, i, hits, ratio):
+        where = f"worker {i}"
+        if not self.simulate and len(self.placement) > i + 1:
+            where += f" (rank {i + 1} on {self.placement[i + 1][0]})"
+        return (f"{where} computed longest in {hits} of the last "
+                f"{self.stragglers.window} blocks, {ratio:.2f}x the median worker: "
+                f"every block waits for it at the Allreduce (a slower or shared node, "
+                f"a throttled GPU?); metrics.jsonl has slowest_worker per block")
+
     def _environment(self):
         """What a run needs to be compared months later: versions, the MPI
         library and where every rank ran (this process's last start)."""
@@ -827,6 +836,7 @@ class Trainer:
         # no terminal (a batch job's log): a progress line every progress_s
         progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
             if self.is_master and bar is None and not r["quiet"] else None
+        self.stragglers = Stragglers(n)
         t_start = time.perf_counter()
         cpu_start = time.process_time()
         calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
@@ -858,13 +868,17 @@ class Trainer:
                        "data_wait_max_s": float(wait.max()),
                        "data_wait_mean_s": float(wait.mean()),
                        "comm_s": max(wall - float(comp.max()) - float(wait.max()), 0.0),
-                       "images_per_s": cnt / wall if wall > 0 else 0.0}
+                       "images_per_s": cnt / wall if wall > 0 else 0.0,
+                       "slowest_worker": int(comp.argmax())}
                 if not np.isfinite(self.z).all():
                     raise Diverged(f"block {k}: the consensus model z is not finite; "
                                    f"the last good checkpoint is kept. Lower optim.lr "
                                    f"or raise algorithm.rho")
                 last = k + 1 == self.total_blocks
                 if self.is_master:
+                    slow = self.stragglers.block(comp)
+                    if slow is not None:
+                        self.log(self._straggler_text(*slow))
                     due = (k + 1) % eval_every == 0 or last
                     if due and self.val is not None:
                         self._at("evaluation")
@@ -956,6 +970,9 @@ class Trainer:
                    # start ran in earlier ones: their time is in the metrics
                    "resumed_at_block": self.start,
                    "blocks_wall_s": float(sum(h["wall_s"] for h in self.history)),
+                   # worker -> blocks in which it computed longest, >= 1.25x the median
+                   "straggler_blocks": {str(i): c for i, c in
+                                        sorted(self.stragglers.counts.items())},
                    "environment": self._environment()}
         done = os.path.join(r["dir"], "summary.json")
         if self.is_master and self.start >= self.total_blocks and os.path.exists(done):
@@ -1037,6 +1054,38 @@ class Progress:
                  f"{rec['block_in_pass'] + 1}/{blocks_per_pass}): train loss "
                  f"{rec['train_loss']:.4f}, {self.images / max(el, 1e-9):.0f} img/s, "
                  f"{hms(el)} elapsed, about {hms(el / done * left)} left")
+
+
+class Stragglers:
+    """Master: which worker holds the blocks back. A worker straggles in a
+    block when it computed longest and at least `ratio` times the median
+    worker's time; once one worker has straggled in `need` of the last
+    `window` blocks, block() names it (once per worker). Every block waits
+    for its slowest worker at the Allreduce, so this is the worker to look at."""
+
+    def __init__(self, n, ratio=1.25, window=10, need=8):
+        self.n, self.ratio, self.window, self.need = n, ratio, window, need
+        self.recent = []                 # straggler index or None, last `window` blocks
+        self.counts = {}                 # worker -> blocks it straggled in
+        self.reported = set()
+
+    def block(self, comp):
+        """comp: compute seconds per worker; returns (worker, blocks, ratio)
+        the first time a worker crosses the threshold, else None."""
+        if self.n < 2:
+            return None
+        comp = np.asarray(comp, np.float64)
+        i = int(comp.argmax())
+        med = float(np.median(comp))
+        slow = i if med > 0 and comp[i] >= self.ratio * med else None
+        if slow is not None:
+            self.counts[slow] = self.counts.get(slow, 0) + 1
+        self.recent = (self.recent + [slow])[-self.window:]
+        hits = self.recent.count(slow) if slow is not None else 0
+        if slow is None or slow in self.reported or hits < self.need:
+            return None
+        self.reported.add(slow)
+        return slow, hits, float(comp[i] / med)
 
 
 def _ranges(ranks):

@@ -152,3 +152,25 @@ def test_summary_says_where_every_rank_ran(dataset):
         assert [{k: r[k] for k in ("rank", "host", "pid")} for r in ranks] == mine
         assert [r["device"] for r in ranks] == ["-"] + ["cpu"] * (W.Get_size() - 1)
     W.Barrier()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_slow_rank_is_named_with_its_node(dataset):
+    import socket
+    import time
+
+    class SlowWorker1(Trainer):
+        def _swap_in(self, i):
+            if i == 1:
+                time.sleep(0.03)
+            return super()._swap_in(i)
+    logs = []
+    t = SlowWorker1(make_cfg(dataset, "ma", extra=("data.split_size=10", "run.passes=1")),
+                    log=logs.append)
+    t.run()
+    if W.Get_rank() == 0:
+        assert t.sched.blocks_per_pass >= 10
+        named = [m for m in logs if "computed longest" in m]
+        assert named and named[0].startswith(
+            f"worker 1 (rank 2 on {socket.gethostname()}) computed longest in ")
+    W.Barrier()

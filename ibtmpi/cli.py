@@ -186,6 +186,12 @@ def cmd_info(args):
     n = threads.configure("auto")
     print(f"ibtmpi {__version__}, numpy {np.__version__}")
     print(f"MPI: {comm.library_version()}")
+    from . import launcher
+    try:
+        mpiexec = launcher.find_mpiexec()
+        print(f"launcher: {mpiexec} ({launcher.flavor(mpiexec)})")
+    except launcher.LauncherError as e:
+        print(f"launcher: none ({e})")
     print(f"BLAS threads per rank: {n} (usable cores {threads.usable_cores()})")
     m = _model(args.model, args.image_size, args.classes)
     print(f"model {args.model!r} for {3}x{args.image_size}x{args.image_size}, "

@@ -89,8 +89,10 @@ class Trainer:
         self.is_master = rank == 0
         n = self.n_workers
         if self.algo == "sgd" and n != 1:
-            raise ValueError("algorithm 'sgd' is the single-worker baseline: run it "
-                             "without mpiexec (or with -n 1)")
+            how = (f"this is --simulate {self.simulate}: drop it" if self.simulate else
+                   f"this job has {n} workers: run it without mpiexec (or with -n 1)")
+            raise ValueError(f"algorithm 'sgd' is the single-worker baseline; {how}, or "
+                             f"pick a parallel algorithm (ssgd, ma, admm, bmuf, ibt, easgd)")
         self.ds = Dataset(d["path"])
         tr = self.ds.split("train")
         split = split_size_for(d["block_size"] or None,

@@ -81,3 +81,14 @@ def test_demo_without_a_launcher_is_one_line_exit_2(monkeypatch, tmp_path, capsy
     assert rc == 2
     assert "no mpiexec found" in err and "Traceback" not in err
     assert not data.exists()            # checked before anything is written
+
+
+def test_info_names_the_launcher(capsys):
+    from ibtmpi.cli import main
+    assert main(["info", "--model", "tiny"]) == 0
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("launcher: ")]
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(here):
+        assert line == [f"launcher: {here} ({launcher.flavor(here)})"]
+    else:
+        assert len(line) == 1

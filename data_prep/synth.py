@@ -52,10 +52,14 @@ def _fbm(rng, b, s, cells=(3, 6, 12, 24), gain=0.55):
     return out / tot
 
 
+_BELOW_ONE = np.nextafter(np.float32(1), np.float32(0))
+
+
 def _hash2(ix, iy, salt):
     """Per-cell pseudo-random value in [0, 1) from integer cell coordinates."""
     h = np.sin(ix * 12.9898 + iy * 78.233 + salt * 37.719) * 43758.5453
-    return (h - np.floor(h)).astype(np.float32)
+    # a float64 fraction just below 1 rounds to 1.0 in float32: keep it below
+    return np.minimum((h - np.floor(h)).astype(np.float32), _BELOW_ONE)
 
 
 def _frame(rng, b, s, scale_lo=0.8, scale_hi=1.25):
@@ -122,7 +126,8 @@ def _houses(rng, b, s, density=1.0, extent=None):
     palette = np.array([(0.62, 0.30, 0.22), (0.55, 0.55, 0.57), (0.35, 0.35, 0.38),
                         (0.50, 0.38, 0.28), (0.40, 0.45, 0.55), (0.75, 0.72, 0.68)],
                        np.float32)
-    pick = (_hash2(cx + 17, cy - 5, salt) * len(palette)).astype(np.int64)
+    pick = np.minimum((_hash2(cx + 17, cy - 5, salt) * len(palette)).astype(np.int64),
+                      len(palette) - 1)
     col = palette[pick]
     gable = np.where(fx < 0.5, 1.12, 0.85).astype(np.float32)[..., None]
     col = col * gable

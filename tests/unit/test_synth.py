@@ -43,3 +43,21 @@ def test_classes_look_different():
     means = np.array([x[y == c].reshape(-1, 3).mean(0) for c in range(5)])
     lake, green = means[3], means[2]
     assert lake[2] - lake[1] > green[2] - green[1]
+
+
+def test_cell_hash_stays_below_one():
+    """sin(...) * 43758.5453 at cell (1143, 7), salt 117 has a float64
+    fraction so close to 1 that float32 rounded it to 1.0, and the house
+    palette index went one past the end (`prep synth --n 4000 --size 32`
+    crashed)."""
+    h = synth._hash2(np.float32(1143), np.float32(7), np.int64(117))
+    assert 0.99 < h < 1.0
+    ix = np.arange(-2000, 2000, dtype=np.float32)[:, None]
+    v = synth._hash2(ix, np.float32(7), np.arange(1000)[None, :])
+    assert v.min() >= 0 and v.max() < 1
+
+
+def test_the_chunk_that_crashed_generates():
+    labels = synth.draw_labels(4000, 5, 0)[13 * synth.CHUNK:14 * synth.CHUNK]
+    x = synth.make_chunk(0, 13, labels, 32)
+    assert x.shape == (synth.CHUNK, 32, 32, 3) and x.dtype == np.uint8

@@ -115,7 +115,10 @@ def scan_folder(root, class_map=None):
         tc = class_map.get(sc) if class_map is not None else sc
         if not tc:
             continue
-        for dirpath, _, files in os.walk(os.path.join(root, sc)):
+        for dirpath, dirs, files in os.walk(os.path.join(root, sc)):
+            # the listing order is the file system's: sort it, so the same
+            # tree gives the same data set (same split, same order) anywhere
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             for fn in sorted(files):
                 if os.path.splitext(fn)[1].lower() in IMAGE_EXT:
                     items.append((os.path.join(dirpath, fn), tc))
@@ -171,6 +174,12 @@ def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
         labels = np.array([name_to_idx[items[i][1]] for i in good], np.int64)
         if len(good) == 0:
             raise WriteError(f"none of the {len(items)} images could be read")
+        empty = [c for i, c in enumerate(classes) if not (labels == i).any()]
+        if empty:
+            raise WriteError(
+                f"class(es) {empty} have no readable images under {root}: the model "
+                f"would get an output no sample trains; remove those folders or map "
+                f"them away with --class-map")
         # Phase 2: stratified split; each split in a seeded random order so
         # contiguous worker ranges are class-mixed.
         split_id = stratified_assign(labels, ratios, seed)

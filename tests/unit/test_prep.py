@@ -164,3 +164,41 @@ def test_full_disk_is_one_line_exit_74_and_leaves_nothing(tmp_path, monkeypatch,
         "No space left on device; free space" in err, err
     assert len(err.strip().splitlines()) == 1
     assert os.listdir(tmp_path) == []
+
+
+def test_folder_with_a_class_without_images_is_refused(tmp_path, capsys):
+    root = tmp_path / "tree"
+    make_tree(root)
+    (root / "Empty").mkdir()
+    (root / "Empty" / "readme.txt").write_text("no images here")
+    rc = prep_main(["folder", str(root), str(tmp_path / "ds"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "['Empty'] have no readable images" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_folder_order_does_not_depend_on_the_listing(tmp_path, monkeypatch):
+    """Nested folders are walked in sorted order, whatever os.walk's
+    listing order is: the same tree gives the same bytes."""
+    root = tmp_path / "tree"
+    make_tree(root)
+    for sub in ("b", "a", "c"):
+        d = root / "River" / sub
+        d.mkdir()
+        for i in range(3):
+            Image.fromarray(np.full((8, 8, 3), 10 * i + ord(sub), np.uint8)).save(d / f"{i}.png")
+    assert prep_main(["folder", str(root), str(tmp_path / "one"), "--size", "8",
+                      "--quiet"]) == 0
+    real_walk = os.walk
+
+    def reversed_walk(top, *a, **k):
+        for dirpath, dirs, files in real_walk(top, *a, **k):
+            dirs.reverse()
+            yield dirpath, dirs, files[::-1]
+    monkeypatch.setattr(os, "walk", reversed_walk)
+    assert prep_main(["folder", str(root), str(tmp_path / "two"), "--size", "8",
+                      "--quiet"]) == 0
+    a, b = Dataset(str(tmp_path / "one")), Dataset(str(tmp_path / "two"))
+    for s in a.splits:
+        assert a.split(s).read_all().tobytes() == b.split(s).read_all().tobytes()
+        assert np.array_equal(a.split(s).labels, b.split(s).labels)

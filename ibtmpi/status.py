@@ -37,6 +37,9 @@ def inspect(run_dir):
     stopped | not started) and what is known about it."""
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"{run_dir} is not a directory")
+    if os.path.exists(os.path.join(run_dir, "dataset.json")):
+        raise FileNotFoundError(f"{run_dir} is a dataset (it holds dataset.json), not a "
+                                f"run directory")
     recs = _metrics(run_dir)
     done = ckpt.complete(run_dir)
     info = {"run_dir": run_dir, "blocks_done": len(recs),

@@ -91,3 +91,9 @@ def test_failed_and_not_started_and_missing(finished, tmp_path, capsys):
     assert rc == 2
     assert out == f"{empty}: not started (no block done)\n"
     assert f"ibtmpi status: error: {tmp_path / 'nope'} is not a directory" in err
+
+
+def test_a_dataset_is_not_taken_for_a_run(small_dataset, capsys):
+    rc, out, err = status(capsys, small_dataset)
+    assert rc == 2 and out == ""
+    assert f"{small_dataset} is a dataset (it holds dataset.json), not a run directory" in err

@@ -635,13 +635,36 @@ class Trainer:
 
     def _placement(self):
         """[(host, pid, BLAS threads, device)] of every rank, rank order: one
-        allgather at the start, for the start line and summary.json."""
+        allgather at the start, for the start line and summary.json. It
+        also carries what every rank must share, checked here: the same
+        ibtmpi and numpy (every rank computes z itself from the reduced
+        sums), the same configuration and the same data (a config file
+        edited while the job started, a stale node-local copy of the data,
+        another venv on one node). A mismatch stops every rank with exit 2."""
         import socket
+        from . import __version__
         from .threads import current_blas_threads
         dev = "-" if not self.local else (
             "cpu" if self.dev is None else f"gpu {self.dev.device_id()}")
         me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev)
-        return mpi.allgather(me) if not (self.simulate or mpi.world_size() == 1) else [me]
+        ident = {"ibtmpi": __version__, "numpy": np.__version__,
+                 "configuration": self.cfg_hash, "dataset": self.data_fp}
+        dist = not (self.simulate or mpi.world_size() == 1)
+        got = mpi.allgather((me, ident)) if dist else [(me, ident)]
+        rows = [r for r, _ in got]
+        bad = [(i, k) for i, (_, other) in enumerate(got) for k in ident
+               if other.get(k) != got[0][1].get(k)]
+        if bad:
+            ranks = sorted({i for i, _ in bad})
+            what = sorted({k for _, k in bad})
+            i = ranks[0]
+            eg = ", ".join(f"{k} {got[i][1].get(k)} against {got[0][1].get(k)}" for k in what)
+            raise ConfigError(
+                f"the ranks do not agree at start: rank(s) {ranks} differ from rank 0 in "
+                f"{', '.join(what)} (rank {i} on {rows[i][0]}: {eg}). Every rank must run "
+                f"the same ibtmpi and numpy (one environment on a shared file system), "
+                f"read the same configuration and the same data")
+        return rows
 
     def _straggler_text(self, i, hits, ratio):
         where = f"worker {i}"
@@ -763,6 +786,7 @@ class Trainer:
         schedule and the traffic. Every rank must call it; the master gets
         the lines to print, the workers []."""
         lock = runlock.probe(self.run_dir) if self.is_master else None
+        self.placement = self._placement()
         start = self._restore(dry=True)
         if not (self.simulate or mpi.world_size() == 1):
             mpi.allgather(None)        # every rank got this far: only then "would start"
@@ -802,6 +826,7 @@ class Trainer:
             f"({'one per step' if self.algo == 'ssgd' else 'one per block'}) of "
             f"{self.send.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB per pass",
             f"  checkpoints: every {every} block(s), {r['keep_checkpoints']} kept; {resume}",
+            "  " + placement_text(self.placement),
             f"  run.dir: {self.run_dir}: "
             + ("free" if lock is None else f"its lock would be taken over ({lock})"),
             "  time limit: " + ("none" if self.deadline is None else
@@ -823,8 +848,8 @@ class Trainer:
     def _run(self):
         cfg, r = self.cfg, self.cfg["run"]
         n, P = self.n_workers, self.P
-        start = self.start = self._restore()
         self.placement = self._placement()
+        start = self.start = self._restore()
         if self.is_master:
             self._open_run_dir(start)
         self._pending_eval = None      # (record, generator, out)

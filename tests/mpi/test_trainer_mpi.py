@@ -174,3 +174,19 @@ def test_a_slow_rank_is_named_with_its_node(dataset):
         assert named and named[0].startswith(
             f"worker 1 (rank 2 on {socket.gethostname()}) computed longest in ")
     W.Barrier()
+
+
+def test_ranks_that_read_another_configuration_stop_together(dataset):
+    """A config file edited while the job started: the last rank read
+    another learning rate. Every rank stops at start with the same error
+    instead of training a job whose ranks compute different z."""
+    from ibtmpi.config import ConfigError
+    last = W.Get_size() - 1
+    c = make_cfg(dataset, "admm")
+    if W.Get_rank() == last:
+        c["optim"]["lr"] = 0.5
+    with pytest.raises(ConfigError, match=rf"rank\(s\) \[{last}\] differ from rank 0 in "
+                                          r"configuration \(rank"):
+        Trainer(c, log=lambda m: None).run()
+    assert not os.path.exists(os.path.join(c["run"]["dir"], "metrics.jsonl"))
+    W.Barrier()

@@ -16,6 +16,7 @@ Tests: tests/unit/test_trainer.py (simulator), tests/mpi/test_trainer_mpi.py.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -604,17 +605,23 @@ class Trainer:
         if not path:
             return
         from .outputs import TrainedModelError, load_trained
-        err, t = None, None
+        err, t, fp = None, None, None
         try:
             t = load_trained(path)
             err = self._init_mismatch(t)
+            fp = hashlib.sha256(np.asarray(t.model.params, np.float32).tobytes()).hexdigest()
         except TrainedModelError as e:
             err = str(e)
-        every = mpi.allgather(err) if dist else [err]
-        bad = [i for i, e in enumerate(every) if e]
+        every = mpi.allgather((err, fp)) if dist else [(err, fp)]
+        bad = [i for i, (e, _) in enumerate(every) if e]
         if bad:
             who = f" (rank(s) {bad})" if dist else ""
-            raise ConfigError(f"model.init: {every[bad[0]]}{who}")
+            raise ConfigError(f"model.init: {every[bad[0]][0]}{who}")
+        other = [i for i, (_, f) in enumerate(every) if f != every[0][1]]
+        if other:
+            raise ConfigError(f"model.init: rank(s) {other} read another model from "
+                              f"{path} than rank 0 (another file at that path on their "
+                              f"node?); every rank must start from the same z")
         z = np.asarray(t.model.params, np.float32)
         self.model.params[...] = self._dev(z)
         if self.algo == "ssgd":

@@ -190,3 +190,24 @@ def test_ranks_that_read_another_configuration_stop_together(dataset):
         Trainer(c, log=lambda m: None).run()
     assert not os.path.exists(os.path.join(c["run"]["dir"], "metrics.jsonl"))
     W.Barrier()
+
+
+def test_ranks_that_read_another_init_model_stop_together(dataset, tmp_path_factory):
+    """model.init names a path that holds another model on the last rank's
+    node (here: another file for that rank alone)."""
+    from ibtmpi.config import ConfigError
+    src = make_cfg(dataset, "ma", extra=("run.passes=0.5",))
+    Trainer(src, log=lambda m: None).run()
+    W.Barrier()                          # the master has written model.npz
+    last = W.Get_size() - 1
+    path = os.path.join(src["run"]["dir"], "model.npz")
+    if W.Get_rank() == last:
+        with np.load(path) as f:
+            arrays = dict(f)
+        arrays["z"] = arrays["z"] + np.float32(1)
+        path = str(tmp_path_factory.mktemp("other") / "model.npz")
+        np.savez(path, **arrays)
+    c = make_cfg(dataset, "ibt", extra=(f"model.init={path}",))
+    with pytest.raises(ConfigError, match=rf"rank\(s\) \[{last}\] read another model"):
+        Trainer(c, log=lambda m: None).run()
+    W.Barrier()

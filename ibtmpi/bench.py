@@ -258,9 +258,14 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
                       f"(one-sided bound {hi:+.2f} pt)")
     md.append("- projected speedup at 32 workers >= 30x: see benchmarks/bench_scaling.py "
               "(alpha-beta model calibrated by a measured Allreduce sweep)")
-    files = _plots(ok, out_dir)
-    md += ["", "## Plots", ""] + [f"![{os.path.basename(f)}]({os.path.basename(f)})"
-                                  for f in files]
+    from .outputs import NoPlotting
+    try:
+        files = _plots(ok, out_dir)
+        md += ["", "## Plots", ""] + [f"![{os.path.basename(f)}]({os.path.basename(f)})"
+                                      for f in files]
+    except NoPlotting as e:
+        files = []
+        md += ["", f"(no plots: {e})"]
     text = "\n".join(md) + "\n"
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(text)
@@ -273,9 +278,8 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
 
 
 def _plots(runs, out_dir):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .outputs import pyplot
+    plt = pyplot()
     files = []
     ns = sorted({r["N"] for r in runs if r["N"] > 1})
     n_show = ns[len(ns) // 2] if ns else 1

@@ -406,8 +406,8 @@ def cmd_evaluate(args):
     import numpy as np
     from . import comm
     from .dataset import Dataset, DatasetError
-    from .outputs import (TrainedModelError, confusion, confusion_png, format_report,
-                          load_trained, report)
+    from .outputs import (NoPlotting, TrainedModelError, confusion, confusion_png,
+                          format_report, load_trained, report)
     from .schedule import worker_range
     size, rank = comm.world_size(), comm.world_rank()
     try:
@@ -456,8 +456,11 @@ def cmd_evaluate(args):
                 json.dump(rep, f, indent=1)
             with open(os.path.join(args.out, "report.txt"), "w") as f:
                 f.write(text + "\n")
-            confusion_png(rep, os.path.join(args.out, "confusion.png"))
-            print(f"wrote {args.out}/report.json, report.txt, confusion.png")
+            try:
+                confusion_png(rep, os.path.join(args.out, "confusion.png"))
+                print(f"wrote {args.out}/report.json, report.txt, confusion.png")
+            except NoPlotting as e:
+                print(f"wrote {args.out}/report.json, report.txt (no confusion.png: {e})")
     return 0
 
 
@@ -535,10 +538,10 @@ def cmd_export(args):
 
 
 def cmd_plot(args):
-    from .outputs import TrainedModelError, plot_run
+    from .outputs import NoPlotting, TrainedModelError, plot_run
     try:
         files = plot_run(args.run_dir, args.out)
-    except TrainedModelError as e:
+    except (TrainedModelError, NoPlotting) as e:
         raise UsageError(str(e)) from None
     for f in files:
         print(f"wrote {f}")

@@ -22,6 +22,22 @@ class TrainedModelError(Exception):
     pass
 
 
+class NoPlotting(Exception):
+    """matplotlib is not installed (it is an extra: ibtmpi[plot])."""
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or NoPlotting with what to install."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise NoPlotting(f"matplotlib is not installed ({e}): pip install "
+                         f"'ibtmpi[plot]'") from None
+    return plt
+
+
 class Trained:
     def __init__(self, z, layers, input_shape, classes, mean, std, source, ops=None):
         self.classes = list(classes)
@@ -171,9 +187,7 @@ def format_report(rep):
 
 
 def confusion_png(rep, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     cm = np.array(rep["confusion"])
     k = len(rep["classes"])
     fig, ax = plt.subplots(figsize=(1.2 * k + 2, 1.2 * k + 1.5))
@@ -203,9 +217,7 @@ def _twin_legend(ax, ax2, loc):
 
 
 def plot_run(run_dir, out_dir=None):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise TrainedModelError(f"{path} missing: not a run directory")

@@ -76,3 +76,21 @@ def test_holdout_decides_the_target_with_a_paired_standard_error(small_dataset, 
     assert main(["bench", "report", *runs, "--out", str(out), "--holdout",
                  str(tmp_path / "none")]) == 2
     assert np.isfinite(g["se_pt"])
+
+
+def test_bench_run_starts_real_mpi_jobs_and_reports(small_dataset, tmp_path, capsys):
+    """`bench run` end to end, small: N = 2 as a real `mpiexec -n 3` job
+    (started through ibtmpi.launcher), N = 1 as one process, then the report."""
+    import sys
+    if not os.path.exists(os.path.join(os.path.dirname(sys.executable), "mpiexec")):
+        import pytest
+        pytest.skip("no mpiexec in the venv")
+    out = tmp_path / "b"
+    assert main(["bench", "run", "--data", small_dataset, "--out", str(out), "--ns", "1,2",
+                 "--algos", "sgd,ibt", "--passes", "1", "--split", "40", "--batch", "16",
+                 "--fixed-block", "0", "--set", "model.layers=tiny"]) == 0
+    text = capsys.readouterr().out
+    assert "t1-ibt-2: test accuracy" in text and "(mpi," in text
+    s = json.load(open(out / "t1-ibt-2" / "summary.json"))
+    assert s["world_size"] == 3 and not s["simulated"]
+    assert (out / "report" / "report.md").exists()

@@ -195,3 +195,21 @@ def test_an_output_place_that_cannot_be_written_is_one_line(run_dir, small_datas
     assert err.startswith(f"ibtmpi predict: error: cannot write {tmp_path / 'p.csv'}: "
                           f"No space left on device; free space"), err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_without_matplotlib_reports_are_written_and_plot_says_what_to_install(
+        run_dir, small_dataset, tmp_path, capsys, monkeypatch):
+    """matplotlib is an extra: evaluate and bench report still write their
+    text and JSON, plot is one line with exit 2."""
+    for mod in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # import fails
+    out = tmp_path / "ev"
+    assert main(["evaluate", run_dir, "--data", small_dataset, "--out", str(out)]) == 0
+    assert "no confusion.png: matplotlib is not installed" in capsys.readouterr().out
+    assert (out / "report.json").exists() and not (out / "confusion.png").exists()
+    assert main(["plot", run_dir, "--out", str(tmp_path / "p")]) == 2
+    assert "pip install 'ibtmpi[plot]'" in capsys.readouterr().err
+    rep = tmp_path / "rep"
+    assert main(["bench", "report", run_dir, "--out", str(rep)]) == 0
+    assert "(no plots: matplotlib is not installed" in (rep / "report.md").read_text()

@@ -74,7 +74,7 @@ def build(trained):
 
 
 def export(trained, path):
+    model = build(trained)             # says what to install when onnx is missing
     import onnx
-    model = build(trained)
     onnx.save(model, path)
     return model

@@ -213,3 +213,11 @@ def test_without_matplotlib_reports_are_written_and_plot_says_what_to_install(
     rep = tmp_path / "rep"
     assert main(["bench", "report", run_dir, "--out", str(rep)]) == 0
     assert "(no plots: matplotlib is not installed" in (rep / "report.md").read_text()
+
+
+def test_export_without_onnx_says_what_to_install(run_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    assert main(["export", run_dir, "--onnx", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'ibtmpi[onnx]'" in err and "Traceback" not in err
+    assert not (tmp_path / "m.onnx").exists()

@@ -285,4 +285,23 @@ def plot_run(run_dir, out_dir=None):
     files.append(os.path.join(out_dir, "time_breakdown.png"))
     fig.savefig(files[-1], dpi=100)
     plt.close(fig)
+
+    per = [r["compute_s"] for r in recs if len(r.get("compute_s", ())) == n]
+    if n > 1 and per:
+        # every worker's compute time over its block's median worker: a row
+        # that stays dark-red is a worker (node, GPU) the others wait for
+        c = np.array(per, np.float64).T                     # (N, blocks)
+        med = np.median(c, axis=0)
+        ratio = c / np.where(med > 0, med, 1.0)
+        fig, ax = plt.subplots(figsize=(8, max(2.5, min(0.25 * n + 1.5, 10))))
+        im = ax.imshow(ratio, aspect="auto", interpolation="nearest", cmap="coolwarm",
+                       vmin=0.5, vmax=1.5, origin="lower")
+        ax.set_xlabel("block")
+        ax.set_ylabel("worker (rank - 1)")
+        fig.colorbar(im, ax=ax, label="compute time / median worker")
+        ax.set_title(f"compute time per worker and block ({algo}, N = {n})")
+        fig.tight_layout()
+        files.append(os.path.join(out_dir, "worker_compute.png"))
+        fig.savefig(files[-1], dpi=100)
+        plt.close(fig)
     return files

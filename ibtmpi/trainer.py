@@ -903,7 +903,8 @@ class Trainer:
                        "data_wait_mean_s": float(wait.mean()),
                        "comm_s": max(wall - float(comp.max()) - float(wait.max()), 0.0),
                        "images_per_s": cnt / wall if wall > 0 else 0.0,
-                       "slowest_worker": int(comp.argmax())}
+                       "slowest_worker": int(comp.argmax()),
+                       "compute_s": [round(float(c), 6) for c in comp]}
                 if not np.isfinite(self.z).all():
                     raise Diverged(f"block {k}: the consensus model z is not finite; "
                                    f"the last good checkpoint is kept. Lower optim.lr "

@@ -105,8 +105,12 @@ def test_predict_none_readable_is_exit_2(run_dir, tmp_path):
 
 def test_plot_writes_pngs(run_dir, tmp_path, capsys):
     assert main(["plot", run_dir, "--out", str(tmp_path / "pl")]) == 0
-    for f in ("loss_accuracy.png", "residuals.png", "time_breakdown.png"):
+    for f in ("loss_accuracy.png", "residuals.png", "time_breakdown.png",
+              "worker_compute.png"):                  # N = 2: per-worker heatmap
         assert (tmp_path / "pl" / f).stat().st_size > 2000
+    recs = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert all(len(r["compute_s"]) == 2 and max(r["compute_s"]) == r["compute_max_s"]
+               for r in [dict(x, compute_max_s=round(x["compute_max_s"], 6)) for x in recs])
 
 
 def test_checkpoint_directory_loads_like_the_model(run_dir):

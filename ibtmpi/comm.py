@@ -77,6 +77,7 @@ def node_rank_size(comm=None):
     comm = comm or world()
     if MPI is None:
         return 0, 1
+    quiet_arrival(comm)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         return node.Get_rank(), node.Get_size()
@@ -179,14 +180,36 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     STATS["wait_s"] += time.perf_counter() - t0
 
 
+def quiet_arrival(comm=None, sleep_max=0.005):
+    """Wait until every rank of `comm` has arrived here, sleeping with a
+    back-off instead of spinning: MPICH and Open MPI both busy-poll inside a
+    blocking collective, so a rank that waits in one (the master at start,
+    while workers load their data or compile kernels) would burn a core.
+    Called before each blocking collective below, which then completes at
+    once."""
+    import time
+    comm = comm or world()
+    if MPI is None or comm.Get_size() == 1:
+        return
+    req = comm.Ibarrier()
+    nap = 0.0002
+    while not req.Test():
+        time.sleep(nap)
+        nap = min(nap * 2, sleep_max)
+
+
 def bcast(obj, root=0, comm=None):
     """A small Python object from root to every rank (start-up decisions)."""
-    return (comm or world()).bcast(obj, root=root)
+    comm = comm or world()
+    quiet_arrival(comm)
+    return comm.bcast(obj, root=root)
 
 
 def allgather(obj, comm=None):
     """One small Python object from every rank, to every rank (start-up)."""
-    return (comm or world()).allgather(obj)
+    comm = comm or world()
+    quiet_arrival(comm)
+    return comm.allgather(obj)
 
 
 def np_copy(dst, src):
@@ -294,6 +317,7 @@ def worker_local_rank(comm=None):
         return -1
     if MPI is None:
         return 0
+    quiet_arrival(comm)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     try:
         ranks = node.allgather(me)

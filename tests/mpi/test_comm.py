@@ -10,6 +10,7 @@ from ibtmpi import comm, threads
 from ibtmpi.model import Model
 
 pytestmark = pytest.mark.mpi(min_size=2)
+W = MPI.COMM_WORLD
 
 
 def test_node_rank_size_from_split_type():
@@ -41,3 +42,28 @@ def test_flat_params_allreduce_as_one_buffer():
     # all ranks hold the same bytes afterwards
     digests = w.allgather(hashlib.sha256(out.tobytes()).hexdigest())
     assert len(set(digests)) == 1
+
+
+@pytest.mark.parametrize("call", ["allreduce_sum", "allgather", "bcast", "node_rank_size"])
+def test_a_rank_waiting_for_late_ranks_does_not_spin(call):
+    """The workers arrive 1.5 s late; rank 0's CPU time while it waits stays
+    far below the wait (MPICH and Open MPI busy-poll in blocking collectives:
+    a plain comm.allgather here costs rank 0 the full 1.5 s of CPU)."""
+    import time
+    W.Barrier()
+    if W.Get_rank():
+        time.sleep(1.5)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if call == "allreduce_sum":
+        x = np.ones(4, np.float32)
+        comm.allreduce_sum(x, np.empty_like(x), count=False)
+    elif call == "allgather":
+        comm.allgather(W.Get_rank())
+    elif call == "bcast":
+        comm.bcast("z", root=0)
+    else:
+        comm.node_rank_size()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if W.Get_rank() == 0:
+        assert wall > 1.0
+        assert cpu < 0.3 * wall, f"{call}: rank 0 used {cpu:.2f} s CPU in {wall:.2f} s"

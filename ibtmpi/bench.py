@@ -33,14 +33,37 @@ ALGOS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
 
 # -- run ---------------------------------------------------------------------
 
-def run_one(out_dir, name, data, algo, n, sets, mpi, log=print):
+MARK = "bench.json"          # in each run directory: what made it
+
+
+def run_one(out_dir, name, data, algo, n, sets, mpi, log=print, fresh=False):
+    """Train one comparison run into out_dir/name; returns True when it
+    finished or diverged (a result), False when it failed. A run directory
+    that already holds a result of the same command is kept, not redone,
+    so a bench that was stopped (a crash, a time limit) resumes where it
+    was; fresh=True redoes it."""
     d = os.path.join(out_dir, name)
-    shutil.rmtree(d, ignore_errors=True)
-    base = [sys.executable, "-m", "ibtmpi", "train", "--quiet",
+    base = ["train", "--quiet",
             "--set", f"data.path={data}", "--set", f"algorithm.name={algo}",
             "--set", f"run.dir={d}", "--set", "run.resume=never"]
     for s in sets:
         base += ["--set", s]
+    how = "mpi" if mpi and n > 1 else "sim" if n > 1 else "1 process"
+    sig = {"args": base, "N": n, "mode": how}
+    done = [f for f in ("summary.json", "diverged.json") if os.path.isfile(os.path.join(d, f))]
+    if not fresh and done:
+        try:
+            same = json.load(open(os.path.join(d, MARK))) == sig
+        except (OSError, ValueError):
+            same = False
+        if same:
+            acc = (json.load(open(os.path.join(d, "summary.json"))).get("test_acc")
+                   if done[0] == "summary.json" else None)
+            log(f"  {name}: done earlier ("
+                + (f"test accuracy {acc:.4f}" if acc is not None else "diverged") + "), kept")
+            return True
+    shutil.rmtree(d, ignore_errors=True)
+    base = [sys.executable, "-m", "ibtmpi"] + base
     if n > 1 and mpi:
         cmd = launcher.command(n + 1) + ["-n", str(n + 1)] + base
     elif n > 1:
@@ -49,22 +72,32 @@ def run_one(out_dir, name, data, algo, n, sets, mpi, log=print):
         cmd = base
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
+    os.makedirs(d, exist_ok=True)
     if r.returncode == 4:
-        os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "diverged.json"), "w") as f:
             json.dump({"algorithm": algo, "N": n, "message": r.stdout.strip()[-500:]}, f)
         log(f"  {name}: diverged")
-        return
-    if r.returncode:
-        raise RuntimeError(f"run {name} failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
-    s = json.load(open(os.path.join(d, "summary.json")))
-    log(f"  {name}: test accuracy {s.get('test_acc', float('nan')):.4f} "
-        f"({'mpi' if mpi and n > 1 else 'sim' if n > 1 else '1 process'}, "
-        f"{time.time() - t0:.0f} s)")
+    elif r.returncode or not os.path.isfile(os.path.join(d, "summary.json")):
+        with open(os.path.join(d, "failed.json"), "w") as f:
+            json.dump({"algorithm": algo, "N": n, "exit": r.returncode,
+                       "command": cmd, "stdout": r.stdout[-2000:],
+                       "stderr": r.stderr[-4000:]}, f, indent=1)
+        log(f"  {name}: FAILED (exit {r.returncode}); output in "
+            f"{os.path.join(d, 'failed.json')}; the other runs go on")
+        return False
+    else:
+        s = json.load(open(os.path.join(d, "summary.json")))
+        log(f"  {name}: test accuracy {s.get('test_acc', float('nan')):.4f} "
+            f"({how}, {time.time() - t0:.0f} s)")
+    with open(os.path.join(d, MARK), "w") as f:
+        json.dump(sig, f)
+    return True
 
 
 def run(out_dir, data, ns=(1, 2, 4, 8), algos=ALGOS, passes=3.0, split=256, batch=32,
-        mpi_max=None, fixed_block=1240, fixed_ns=(10, 20, 40), extra=(), log=print):
+        mpi_max=None, fixed_block=1240, fixed_ns=(10, 20, 40), extra=(), log=print,
+        fresh=False):
+    """Every comparison run; returns the names of those that failed."""
     mpi_max = (os.cpu_count() or 1) if mpi_max is None else mpi_max
     try:
         launcher.find_mpiexec()
@@ -72,21 +105,27 @@ def run(out_dir, data, ns=(1, 2, 4, 8), algos=ALGOS, passes=3.0, split=256, batc
         log(f"{e}; every N > 1 runs in simulation")
         mpi_max = 0
     common = [f"run.passes={passes}", f"data.batch={batch}", *extra]
-    log("T1: every algorithm vs N")
+    jobs = []
     for algo in algos:
         for n in ns:
             if (algo == "sgd") != (n == 1):
                 continue
-            run_one(out_dir, f"t1-{algo}-{n}", data, algo, n,
-                    common + [f"data.split_size={split}"], n <= mpi_max, log)
+            jobs.append((f"t1-{algo}-{n}", algo, n, common + [f"data.split_size={split}"],
+                         n <= mpi_max))
     if fixed_block:
-        log(f"T2: fixed block of {fixed_block} samples, split = block / N")
-        run_one(out_dir, "t2-sgd-1", data, "sgd", 1,
-                common + [f"data.block_size={fixed_block}"], False, log)
-        for algo in ("admm", "ibt"):
-            for n in fixed_ns:
-                run_one(out_dir, f"t2-{algo}-{n}", data, algo, n,
-                        common + [f"data.block_size={fixed_block}"], False, log)
+        fixed = common + [f"data.block_size={fixed_block}"]
+        jobs.append(("t2-sgd-1", "sgd", 1, fixed, False))
+        jobs += [(f"t2-{algo}-{n}", algo, n, fixed, False)
+                 for algo in ("admm", "ibt") for n in fixed_ns]
+    failed = []
+    for i, (name, algo, n, sets, mpi) in enumerate(jobs):
+        if i == 0:
+            log("T1: every algorithm vs N")
+        if name == "t2-sgd-1":
+            log(f"T2: fixed block of {fixed_block} samples, split = block / N")
+        if not run_one(out_dir, name, data, algo, n, sets, mpi, log, fresh):
+            failed.append(name)
+    return failed
 
 
 # -- report ------------------------------------------------------------------
@@ -313,14 +352,15 @@ def _plots(runs, out_dir):
     axes[0].set_xlabel("block")
     axes[0].set_ylabel("residual")
     axes[0].set_title(f"T5: ADMM residuals (N = {n_show})")
-    axes[0].legend()
     axes[1].set_xlabel("block")
     axes[1].set_ylabel("rho")
     axes[1].set_title("rho per block")
-    axes[1].legend()
-    fig.tight_layout()
-    files.append(os.path.join(out_dir, "t5_residuals_rho.png"))
-    fig.savefig(files[-1], dpi=100)
+    if axes[0].get_legend_handles_labels()[0]:       # only with admm or ibt runs
+        axes[0].legend()
+        axes[1].legend()
+        fig.tight_layout()
+        files.append(os.path.join(out_dir, "t5_residuals_rho.png"))
+        fig.savefig(files[-1], dpi=100)
     plt.close(fig)
     # T6 time breakdown (real MPI runs)
     mpi = [r for r in runs if not r["simulated"] and r["N"] > 1]

@@ -131,6 +131,9 @@ def build_parser():
     b.add_argument("--fixed-block", type=int, default=1240, help="0 skips T2")
     b.add_argument("--fixed-ns", default="10,20,40")
     b.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    b.add_argument("--fresh", action="store_true",
+                   help="redo every run; by default a run directory that already holds "
+                        "the result of the same command is kept (a stopped bench resumes)")
     b = bsub.add_parser("report")
     b.add_argument("runs", nargs="+", help="run directories")
     b.add_argument("--out", required=True)
@@ -558,13 +561,22 @@ def cmd_bench(args):
             from .data_prep.prep import prep_synth
             prep_synth(args.data, n=10000, size=32, shards=2, quiet=True)
         ints = lambda t: tuple(int(x) for x in t.split(",") if x)
-        bench.run(args.out, args.data, ints(args.ns), tuple(args.algos.split(",")),
-                  args.passes, args.split, args.batch, args.mpi_max, args.fixed_block,
-                  ints(args.fixed_ns), tuple(args.set))
+        failed = bench.run(args.out, args.data, ints(args.ns), tuple(args.algos.split(",")),
+                           args.passes, args.split, args.batch, args.mpi_max,
+                           args.fixed_block, ints(args.fixed_ns), tuple(args.set),
+                           fresh=args.fresh)
         runs = sorted(os.path.join(args.out, d) for d in os.listdir(args.out)
                       if d.startswith(("t1-", "t2-")))
-        text, _ = bench.report(runs, os.path.join(args.out, "report"))
-        print(text)
+        try:
+            text, _ = bench.report(runs, os.path.join(args.out, "report"))
+            print(text)
+        except ValueError as e:                   # nothing finished
+            print(f"ibtmpi bench run: no report: {e}", file=sys.stderr)
+        if failed:
+            print(f"ibtmpi bench run: {len(failed)} run(s) failed: {', '.join(failed)} "
+                  f"(each has failed.json); rerun the same command to retry them, the "
+                  f"finished ones are kept", file=sys.stderr)
+            return 1
         return 0
     if args.bench_cmd == "report":
         try:

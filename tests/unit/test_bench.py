@@ -94,3 +94,36 @@ def test_bench_run_starts_real_mpi_jobs_and_reports(small_dataset, tmp_path, cap
     s = json.load(open(out / "t1-ibt-2" / "summary.json"))
     assert s["world_size"] == 3 and not s["simulated"]
     assert (out / "report" / "report.md").exists()
+
+
+def test_bench_run_keeps_finished_runs_and_goes_on_past_a_failed_one(
+        small_dataset, tmp_path, capsys, monkeypatch):
+    """A bench is hours of runs: a rerun keeps those finished by the same
+    command, a run that fails is recorded (failed.json, exit 1) and the
+    others go on, and the next rerun retries only what failed."""
+    out = tmp_path / "b"
+    args = ["bench", "run", "--data", small_dataset, "--out", str(out), "--ns", "1,2",
+            "--passes", "1", "--split", "40", "--batch", "16", "--fixed-block", "0",
+            "--mpi-max", "0", "--set", "model.layers=tiny"]
+    assert main(args + ["--algos", "sgd,ma"]) == 0
+    capsys.readouterr()
+    first = os.path.getmtime(out / "t1-ma-2" / "summary.json")
+    monkeypatch.setenv("IBTMPI_FAULT", "0:0:compute")      # every new run fails
+    assert main(args + ["--algos", "sgd,ma,admm"]) == 1
+    o = capsys.readouterr()
+    assert "t1-sgd-1: done earlier (test accuracy" in o.out
+    assert "t1-ma-2: done earlier" in o.out
+    assert "t1-admm-2: FAILED (exit 1)" in o.out
+    assert "1 run(s) failed: t1-admm-2" in o.err
+    assert json.load(open(out / "t1-admm-2" / "failed.json"))["exit"] == 1
+    assert os.path.getmtime(out / "t1-ma-2" / "summary.json") == first
+    assert "| ma |" in (out / "report" / "report.md").read_text()     # report of the rest
+    monkeypatch.delenv("IBTMPI_FAULT")
+    assert main(args + ["--algos", "sgd,ma,admm"]) == 0
+    o = capsys.readouterr().out
+    assert "t1-admm-2: test accuracy" in o and "t1-ma-2: done earlier" in o
+    # another command for the same name is redone, and --fresh redoes all
+    assert main(args + ["--algos", "ma", "--passes", "2"]) == 0
+    assert "t1-ma-2: test accuracy" in capsys.readouterr().out
+    assert main(args + ["--algos", "ma", "--passes", "2", "--fresh"]) == 0
+    assert "done earlier" not in capsys.readouterr().out

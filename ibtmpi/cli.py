@@ -62,7 +62,7 @@ def build_parser():
     p.add_argument("--config", help="TOML run configuration (see examples/)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (repeatable)")
-    p.add_argument("--simulate", type=_positive_int,
+    p.add_argument("--simulate", type=_positive_int, metavar="N",
                    help="run N logical workers in this one process")
     p.add_argument("--resume", action="store_true",
                    help="require a checkpoint to resume from (default: resume "
@@ -81,7 +81,8 @@ def build_parser():
                         "Allreduce (on), stage through pinned host memory (off), "
                         "or on where the MPI library reports CUDA support "
                         "(auto, the default; = --set run.cuda_aware=...)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar or progress lines (= --set run.quiet=true)")
 
     p = sub.add_parser("evaluate", help="accuracy, per-class P/R/F1, confusion matrix",
                        description="Evaluate a trained model (run directory, model.npz "

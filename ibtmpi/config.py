@@ -79,6 +79,7 @@ DEFAULTS = {
         "cuda_aware": "auto",    # GPU workers: auto | on | off (device buffers to MPI)
         "time_limit": "auto",    # stop with a checkpoint before it: auto (the Slurm
                                  # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
+        "profile": False,        # cProfile every rank: RUN/profile-rank-R.txt/.pstats
     },
 }
 

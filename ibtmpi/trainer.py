@@ -846,11 +846,39 @@ class Trainer:
         lock = runlock.acquire(self.run_dir) if self.is_master else None
         if lock is not None and lock.took_over:
             self.log(f"took over {lock.path}: {lock.took_over}")
+        prof = None
+        if self.cfg["run"]["profile"]:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         try:
             return self._run()
         finally:
+            if prof is not None:
+                prof.disable()
+                self._write_profile(prof)
             if lock is not None:
                 lock.release()
+
+    def _write_profile(self, prof, top=40):
+        """run.profile: this rank's cProfile, also when the run failed:
+        RUN/profile-rank-R.txt (the `top` functions by cumulative time) and
+        .pstats (for snakeviz, pstats, gprof2dot). A write error is reported,
+        never raised over the run's own outcome."""
+        import io
+        import pstats
+        base = os.path.join(self.run_dir, f"profile-rank-{self.rank:05d}")
+        try:
+            prof.dump_stats(base + ".pstats")
+            text = io.StringIO()
+            st = pstats.Stats(prof, stream=text)
+            st.sort_stats("cumulative").print_stats(top)
+            with open(base + ".txt", "w") as f:
+                f.write(f"rank {self.rank}, block {self.block}, phase {self.phase}\n")
+                f.write(text.getvalue())
+        except OSError as e:
+            print(f"[rank {self.rank}] run.profile: cannot write {base}.*: {e}",
+                  file=sys.stderr)
 
     def _run(self):
         cfg, r = self.cfg, self.cfg["run"]
@@ -1157,7 +1185,7 @@ def placement_text(rows, show=4):
 def run_hash(cfg, legacy=False):
     """Digest of what determines the computation, not operational keys
     (passes, threads, quiet, eval/checkpoint cadence, run dir, watchdog,
-    cuda_aware, progress_s, time_limit) nor where the data lives: data.path may move (a
+    cuda_aware, progress_s, time_limit, profile) nor where the data lives: data.path may move (a
     copy staged to node-local scratch after a requeue); the manifest's dataset
     fingerprint says whether it is the same data. legacy: the digest of
     checkpoints written before that (path included, no cuda_aware key),
@@ -1166,7 +1194,7 @@ def run_hash(cfg, legacy=False):
     c = copy.deepcopy(cfg)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware", "progress_s", "time_limit"):
+                "cuda_aware", "progress_s", "time_limit", "profile"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
     if not legacy:

@@ -211,3 +211,15 @@ def test_ranks_that_read_another_init_model_stop_together(dataset, tmp_path_fact
     with pytest.raises(ConfigError, match=rf"rank\(s\) \[{last}\] read another model"):
         Trainer(c, log=lambda m: None).run()
     W.Barrier()
+
+
+def test_profile_writes_one_file_per_rank(dataset):
+    t = Trainer(make_cfg(dataset, "ma", extra=("run.passes=0.5", "run.profile=true")),
+                log=lambda m: None)
+    t.run()
+    W.Barrier()
+    if W.Get_rank() == 0:
+        names = sorted(f for f in os.listdir(t.run_dir) if f.endswith(".txt")
+                       and f.startswith("profile-rank-"))
+        assert names == [f"profile-rank-{r:05d}.txt" for r in range(W.Get_size())]
+    W.Barrier()

@@ -139,7 +139,7 @@ def test_resume_follows_the_data_not_its_path(small_dataset, tmp_path, monkeypat
 
 def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path):
     """Manifests written before data.path left the digest (and before the
-    cuda_aware, progress_s, time_limit and model.init keys existed) carry the legacy
+    cuda_aware, progress_s, time_limit, profile and model.init keys existed) carry the legacy
     digest and no dataset entry."""
     import copy
     from ibtmpi.config import digest
@@ -148,7 +148,7 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
     old = copy.deepcopy(c)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware", "progress_s", "time_limit"):
+                "cuda_aware", "progress_s", "time_limit", "profile"):
         old["run"].pop(key)
     old["model"].pop("init")          # nor model.init
     for k in ckpt.complete(str(tmp_path / "r")):

@@ -14,6 +14,9 @@ import numpy as np
 from .layers import Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU
 
 
+IR_VERSION = 8
+
+
 def build(trained):
     try:
         import onnx
@@ -64,8 +67,11 @@ def build(trained):
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", k]),
          helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", k])],
         inits)
+    # IR version 8 is the one of opset 17 (ONNX 1.12); make_model would stamp
+    # the installed onnx's newest, which older onnxruntime releases refuse
+    # (onnx 1.19 writes IR 12, onnxruntime 1.19 reads up to IR 10)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="ibtmpi")
+                              producer_name="ibtmpi", ir_version=IR_VERSION)
     model.metadata_props.add(key="classes", value=",".join(trained.classes))
     model.metadata_props.add(key="input", value="float32 NCHW RGB pixel values 0..255; "
                              "normalisation folded in")

@@ -61,6 +61,10 @@ def test_onnx_export_matches_our_forward(run_dir, small_dataset, tmp_path):
     import onnxruntime as ort
     path = str(tmp_path / "m.onnx")
     assert main(["export", run_dir, "--onnx", path]) == 0
+    import onnx
+    # opset 17's IR version, not the installed onnx's newest: older
+    # onnxruntime releases (1.19, the last for Python 3.9) read IR <= 10
+    assert onnx.load(path).ir_version == 8
     tm = load_trained(run_dir)
     x = Dataset(small_dataset).split("test").read_all()[:32]
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])

@@ -12,8 +12,9 @@
 #    the same one-process GPU run twice, z compared bit for bit
 # Every stage runs under its own time limit, so one that hangs costs its
 # limit, not the rest: OUTDIR/stages.txt says how each ended and how long it
-# took. Our own package is installed from this tree with --no-deps: numpy,
-# h5py, threadpoolctl, tqdm and pillow must be there (bring wheels if not).
+# took. Our own package is installed from this tree with --no-deps (or, where
+# pip cannot build it without network, laid out by copying): numpy, h5py,
+# threadpoolctl, tqdm and pillow must be there (bring wheels if not).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$out"
@@ -50,8 +51,16 @@ print(sys.argv[1] + ', z bitwise equal:', a['z'].tobytes() == b['z'].tobytes())"
     fi 2>&1 | tee -a "$out/train.txt"
 }
 
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . \
-    >"$tmp/install.log" 2>&1 || { echo "install failed:"; cat "$tmp/install.log"; exit 1; }
+# pip needs setuptools for a build without isolation, which a bare Python
+# 3.12 lacks: then lay the package out by hand (setup.py's package_dir)
+if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . \
+        >"$tmp/install.log" 2>&1; then
+    echo "pip could not install (no setuptools?); copying the package tree instead:"
+    tail -n 3 "$tmp/install.log"
+    rm -rf "$site" && mkdir -p "$site"
+    cp -r ibtmpi "$site/ibtmpi" && cp -r kernels "$site/ibtmpi/kernels" \
+        && cp -r data_prep "$site/ibtmpi/data_prep" || { echo "copy failed"; exit 1; }
+fi
 export PYTHONPATH="$site" PYTHONUNBUFFERED=1
 env=$out/env.txt
 nvidia-smi >"$env" 2>&1

@@ -1,4 +1,19 @@
+import os
+import sys
+
 import pytest
+
+# the venv's own launcher; tests that need it skip where it is missing
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+IBTMPI = [sys.executable, "-m", "ibtmpi"]
+
+
+def mpiexec(n, *more):
+    """[the venv's mpiexec, what it needs for n ranks here (Open MPI:
+    --oversubscribe, --allow-run-as-root), -n, n]; `more`: the rank counts
+    of further MPMD parts, which count towards the options too."""
+    from ibtmpi import launcher
+    return launcher.command(n + sum(more), MPIEXEC) + ["-n", str(n)]
 
 
 @pytest.fixture(scope="session")

@@ -4,18 +4,15 @@ and a plan whose figures are the real run's."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi import runlock
-from conftest import train_args
+from conftest import IBTMPI, MPIEXEC, mpiexec, train_args
 
 from ibtmpi.cli import main
-from ibtmpi import launcher
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
 def sets(data, run_dir, passes=1, **extra):
@@ -89,7 +86,7 @@ def test_dry_run_fails_where_the_run_would(small_dataset, tmp_path, capsys):
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
 def test_dry_run_under_mpiexec_reads_every_ranks_checkpoint(small_dataset, tmp_path):
     run = str(tmp_path / "r")
-    cmd = launcher.command(3, MPIEXEC) + ["-n", "3", sys.executable, "-m", "ibtmpi", "train"]
+    cmd = mpiexec(3) + IBTMPI + ["train"]
     every = {"run.checkpoint_every": 3}          # two complete checkpoints: 2 and 5
     r = subprocess.run(cmd + sets(small_dataset, run, **every), capture_output=True,
                        text=True, timeout=180)

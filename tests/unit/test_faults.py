@@ -13,9 +13,8 @@ import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi.cli import main
-from ibtmpi import launcher
+from conftest import IBTMPI, MPIEXEC, mpiexec
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
 
 
@@ -31,7 +30,7 @@ def base_sets(data, run_dir, passes=3, **extra):
 
 
 def launch(sets, env=None, n=3, popen=False):
-    cmd = launcher.command(n, MPIEXEC) + ["-n", str(n), sys.executable, "-m", "ibtmpi", "train", "--quiet"] + sets
+    cmd = mpiexec(n) + IBTMPI + ["train", "--quiet"] + sets
     e = dict(os.environ, **(env or {}))
     if popen:
         return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -276,7 +275,7 @@ def test_a_setup_error_on_the_workers_alone_is_reported_by_them(small_dataset, t
     workers = [sys.executable, "-m", "ibtmpi", "train", "--quiet"] + base_sets(
         tmp_path / "missing", run)
     t0 = time.time()
-    r = subprocess.run(launcher.command(3, MPIEXEC) + ["-n", "1"] + rank0 + [":", "-n", "2"] + workers,
+    r = subprocess.run(mpiexec(1, 2) + rank0 + [":", "-n", "2"] + workers,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and time.time() - t0 < 60
     assert "] ibtmpi train: error: dataset directory" in r.stderr
@@ -293,7 +292,7 @@ def test_a_run_dir_the_workers_cannot_write_fails_at_start(small_dataset, tmp_pa
         small_dataset, tmp_path / "run")
     workers = [sys.executable, "-m", "ibtmpi", "train", "--quiet"] + base_sets(
         small_dataset, blocker / "run")
-    r = subprocess.run(launcher.command(3, MPIEXEC) + ["-n", "1"] + rank0 + [":", "-n", "2"] + workers,
+    r = subprocess.run(mpiexec(1, 2) + rank0 + [":", "-n", "2"] + workers,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "] ibtmpi train: error: run.dir" in r.stderr and "is not writable" in r.stderr

@@ -15,7 +15,7 @@ from ibtmpi.config import load
 from ibtmpi.dataset import Dataset
 from ibtmpi.outputs import TrainedModelError, load_trained
 from ibtmpi.trainer import Trainer
-from ibtmpi import launcher
+from conftest import IBTMPI, mpiexec
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +47,8 @@ def test_evaluate_matches_the_trainer_and_writes_reports(run_dir, small_dataset,
 
 
 def test_evaluate_under_mpi_is_identical(run_dir, small_dataset, tmp_path):
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     for n, out in ((1, tmp_path / "a"), (3, tmp_path / "b")):
-        r = subprocess.run(launcher.command(n, mpiexec) + ["-n", str(n), sys.executable, "-m", "ibtmpi",
+        r = subprocess.run(mpiexec(n) + IBTMPI + [
                             "evaluate", run_dir, "--data", small_dataset, "--split", "train",
                             "--out", str(out)], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr

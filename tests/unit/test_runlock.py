@@ -11,10 +11,9 @@ import time
 import pytest
 
 from ibtmpi import runlock
-from conftest import train_args
+from conftest import IBTMPI, MPIEXEC, mpiexec, train_args
 
 from ibtmpi.cli import main
-from ibtmpi import launcher
 
 
 def hold(run_dir, host=None, pid=None, job=None, age=0.0):
@@ -128,7 +127,6 @@ def test_train_takes_over_a_dead_runs_lock_and_leaves_none(small_dataset, tmp_pa
     assert os.path.exists(os.path.join(run, "model.npz"))
 
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
@@ -137,7 +135,7 @@ def test_under_mpiexec_a_held_directory_ends_every_rank_at_once(small_dataset, t
     run = str(tmp_path / "r")
     hold(run, pid=live_pid)
     t0 = time.time()
-    r = subprocess.run(launcher.command(3, MPIEXEC) + ["-n", "3", sys.executable, "-m", "ibtmpi", "train"]
+    r = subprocess.run(mpiexec(3) + IBTMPI + ["train"]
                        + sets(small_dataset, run), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2, r.stderr

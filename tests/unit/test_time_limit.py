@@ -5,7 +5,6 @@ squeue, a duration); durations parsed the way Slurm users write them."""
 import json
 import os
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -13,11 +12,10 @@ import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi import trainer as tr
-from conftest import train_args
+from conftest import IBTMPI, MPIEXEC, mpiexec, train_args
 
 from ibtmpi.cli import main
 from ibtmpi.config import ConfigError, load, parse_duration
-from ibtmpi import launcher
 
 
 def sets(data, run_dir, passes, **extra):
@@ -96,13 +94,12 @@ def test_bad_time_limits_are_config_errors():
         == "01:30:00"
 
 
-MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 
 
 @pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
 def test_under_mpiexec_every_rank_stops_at_the_same_block(small_dataset, tmp_path):
     run = str(tmp_path / "r")
-    r = subprocess.run(launcher.command(3, MPIEXEC) + ["-n", "3", sys.executable, "-m", "ibtmpi", "train"]
+    r = subprocess.run(mpiexec(3) + IBTMPI + ["train"]
                        + sets(small_dataset, run, 500, **{"run.time_limit": "3s",
                                                           "run.quiet": "false"}),
                        capture_output=True, text=True, timeout=120)

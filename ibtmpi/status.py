@@ -32,6 +32,30 @@ def _metrics(run_dir):
     return recs
 
 
+def straggler(recs, window=20, ratio=1.25, share=0.8):
+    """{worker, blocks, of, ratio} when one worker computed longest, at
+    least `ratio` times the median worker, in `share` of the last `window`
+    blocks of metrics (its per-worker compute_s), else None."""
+    import statistics
+    rows = [r["compute_s"] for r in recs[-window:] if len(r.get("compute_s") or ()) > 1]
+    if len(rows) < window // 2:
+        return None
+    hits, ratios = {}, {}
+    for c in rows:
+        i = max(range(len(c)), key=c.__getitem__)
+        med = statistics.median(c)
+        if med > 0 and c[i] >= ratio * med:
+            hits[i] = hits.get(i, 0) + 1
+            ratios.setdefault(i, []).append(c[i] / med)
+    if not hits:
+        return None
+    i = max(hits, key=hits.get)
+    if hits[i] < share * len(rows):
+        return None
+    return {"worker": i, "blocks": hits[i], "of": len(rows),
+            "ratio": statistics.median(ratios[i])}
+
+
 def inspect(run_dir):
     """A dict describing the run: state (finished | running | failed |
     stopped | not started) and what is known about it."""
@@ -55,6 +79,9 @@ def inspect(run_dir):
         recent = [r["wall_s"] for r in recs[-10:] if "wall_s" in r]
         if recent:
             info["block_s"] = sum(recent) / len(recent)
+        slow = straggler(recs)
+        if slow:
+            info["straggler"] = slow
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
@@ -123,4 +150,8 @@ def describe(info):
         line = f"{what}: {line}"
     if bits:
         line += "; " + ", ".join(bits)
+    slow = info.get("straggler")
+    if slow:
+        line += (f"; worker {slow['worker']} computed longest in {slow['blocks']} of the "
+                 f"last {slow['of']} blocks ({slow['ratio']:.2f}x the median worker)")
     return f"{info['run_dir']}: {line}"

@@ -97,3 +97,27 @@ def test_a_dataset_is_not_taken_for_a_run(small_dataset, capsys):
     rc, out, err = status(capsys, small_dataset)
     assert rc == 2 and out == ""
     assert f"{small_dataset} is a dataset (it holds dataset.json), not a run directory" in err
+
+
+def test_a_straggling_worker_is_shown(finished, tmp_path, capsys):
+    run = str(tmp_path / "s")
+    shutil.copytree(finished, run)
+    path = os.path.join(run, "metrics.jsonl")
+    recs = [json.loads(l) for l in open(path)]
+    for k, r in enumerate(recs):                 # worker 1 slow in all but one block
+        r["compute_s"] = [1.0, 1.0, 1.0] if k == 5 else [1.0, 1.6, 1.0]
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    rc, out, _ = status(capsys, run)
+    assert rc == 0
+    assert out.rstrip().endswith("worker 1 computed longest in 11 of the last 12 blocks "
+                                 "(1.60x the median worker)")
+    rc, out, _ = status(capsys, run, json_out=True)
+    assert json.loads(out)["straggler"] == {"worker": 1, "blocks": 11, "of": 12,
+                                            "ratio": 1.6}
+    for r in recs:                               # evenly spread: nobody named
+        r["compute_s"] = [1.0, 1.0, 1.6] if r["block"] % 2 else [1.0, 1.6, 1.0]
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    rc, out, _ = status(capsys, run, json_out=True)
+    assert "straggler" not in json.loads(out)

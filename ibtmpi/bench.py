@@ -297,6 +297,18 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
                       f"(one-sided bound {hi:+.2f} pt)")
     md.append("- projected speedup at 32 workers >= 30x: see benchmarks/bench_scaling.py "
               "(alpha-beta model calibrated by a measured Allreduce sweep)")
+    failed = []
+    for d in run_dirs:
+        fp = os.path.join(d, "failed.json")
+        if os.path.isfile(fp) and not os.path.isfile(os.path.join(d, "summary.json")):
+            try:
+                code = json.load(open(fp)).get("exit")
+            except (OSError, ValueError):
+                code = "?"
+            failed.append(f"- {os.path.basename(d.rstrip('/'))}: exit {code} "
+                          f"(its output: {fp})")
+    if failed:
+        md += ["", "## Failed runs (not in the tables)", ""] + failed
     from .outputs import NoPlotting
     try:
         files = _plots(ok, out_dir)

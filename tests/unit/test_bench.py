@@ -117,7 +117,9 @@ def test_bench_run_keeps_finished_runs_and_goes_on_past_a_failed_one(
     assert "1 run(s) failed: t1-admm-2" in o.err
     assert json.load(open(out / "t1-admm-2" / "failed.json"))["exit"] == 1
     assert os.path.getmtime(out / "t1-ma-2" / "summary.json") == first
-    assert "| ma |" in (out / "report" / "report.md").read_text()     # report of the rest
+    md = (out / "report" / "report.md").read_text()
+    assert "| ma |" in md                                             # report of the rest
+    assert "## Failed runs (not in the tables)" in md and "- t1-admm-2: exit 1" in md
     monkeypatch.delenv("IBTMPI_FAULT")
     assert main(args + ["--algos", "sgd,ma,admm"]) == 0
     o = capsys.readouterr().out

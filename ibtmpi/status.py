@@ -32,27 +32,42 @@ def _metrics(run_dir):
     return recs
 
 
-def straggler(recs, window=20, ratio=1.25, share=0.8):
-    """{worker, blocks, of, ratio} when one worker computed longest, at
-    least `ratio` times the median worker, in `share` of the last `window`
-    blocks of metrics (its per-worker compute_s), else None."""
+SLOW_RATIO = 1.25         # a block's slowest worker straggles at this x its median
+
+
+def slow_worker(comp, ratio=SLOW_RATIO):
+    """(worker, its compute / the median worker's) when the slowest of
+    `comp` (compute seconds per worker) took at least `ratio` times the
+    median, else None. The trainer's live report and status both use it."""
+    import statistics
+    if len(comp) < 2:
+        return None
+    i = max(range(len(comp)), key=comp.__getitem__)
+    med = statistics.median(comp)
+    if med > 0 and comp[i] >= ratio * med:
+        return i, comp[i] / med
+    return None
+
+
+def straggler(recs, window=20, share=0.8):
+    """{worker, blocks, of, ratio} when one worker was slow_worker in
+    `share` of the last `window` blocks of metrics (their per-worker
+    compute_s), else None."""
     import statistics
     rows = [r["compute_s"] for r in recs[-window:] if len(r.get("compute_s") or ()) > 1]
     if len(rows) < window // 2:
         return None
-    hits, ratios = {}, {}
+    ratios = {}
     for c in rows:
-        i = max(range(len(c)), key=c.__getitem__)
-        med = statistics.median(c)
-        if med > 0 and c[i] >= ratio * med:
-            hits[i] = hits.get(i, 0) + 1
-            ratios.setdefault(i, []).append(c[i] / med)
-    if not hits:
+        slow = slow_worker(c)
+        if slow is not None:
+            ratios.setdefault(slow[0], []).append(slow[1])
+    if not ratios:
         return None
-    i = max(hits, key=hits.get)
-    if hits[i] < share * len(rows):
+    i = max(ratios, key=lambda w: len(ratios[w]))
+    if len(ratios[i]) < share * len(rows):
         return None
-    return {"worker": i, "blocks": hits[i], "of": len(rows),
+    return {"worker": i, "blocks": len(ratios[i]), "of": len(rows),
             "ratio": statistics.median(ratios[i])}
 
 

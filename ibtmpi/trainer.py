@@ -28,7 +28,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import runlock
-from .status import hms
+from .status import hms, slow_worker
 from .config import ConfigError, digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
@@ -609,7 +609,7 @@ class Trainer:
         try:
             t = load_trained(path)
             err = self._init_mismatch(t)
-            fp = hashlib.sha256(np.asarray(t.model.params, np.float32).tobytes()).hexdigest()
+            fp = hashlib.sha256(t.model.params.tobytes()).hexdigest()
         except TrainedModelError as e:
             err = str(e)
         every = mpi.allgather((err, fp)) if dist else [(err, fp)]
@@ -622,7 +622,7 @@ class Trainer:
             raise ConfigError(f"model.init: rank(s) {other} read another model from "
                               f"{path} than rank 0 (another file at that path on their "
                               f"node?); every rank must start from the same z")
-        z = np.asarray(t.model.params, np.float32)
+        z = t.model.params                 # float32 on the host (load_trained)
         self.model.params[...] = self._dev(z)
         if self.algo == "ssgd":
             self.z[...] = z
@@ -1121,13 +1121,13 @@ class Progress:
 
 class Stragglers:
     """Master: which worker holds the blocks back. A worker straggles in a
-    block when it computed longest and at least `ratio` times the median
-    worker's time; once one worker has straggled in `need` of the last
+    block when status.slow_worker names it (it computed longest, at least
+    1.25x the median worker); once one has straggled in `need` of the last
     `window` blocks, block() names it (once per worker). Every block waits
     for its slowest worker at the Allreduce, so this is the worker to look at."""
 
-    def __init__(self, n, ratio=1.25, window=10, need=8):
-        self.n, self.ratio, self.window, self.need = n, ratio, window, need
+    def __init__(self, n, window=10, need=8):
+        self.n, self.window, self.need = n, window, need
         self.recent = []                 # straggler index or None, last `window` blocks
         self.counts = {}                 # worker -> blocks it straggled in
         self.reported = set()
@@ -1135,20 +1135,15 @@ class Stragglers:
     def block(self, comp):
         """comp: compute seconds per worker; returns (worker, blocks, ratio)
         the first time a worker crosses the threshold, else None."""
-        if self.n < 2:
-            return None
-        comp = np.asarray(comp, np.float64)
-        i = int(comp.argmax())
-        med = float(np.median(comp))
-        slow = i if med > 0 and comp[i] >= self.ratio * med else None
+        found = slow_worker([float(c) for c in comp])
+        slow = None if found is None else found[0]
         if slow is not None:
             self.counts[slow] = self.counts.get(slow, 0) + 1
         self.recent = (self.recent + [slow])[-self.window:]
-        hits = self.recent.count(slow) if slow is not None else 0
-        if slow is None or slow in self.reported or hits < self.need:
+        if slow is None or slow in self.reported or self.recent.count(slow) < self.need:
             return None
         self.reported.add(slow)
-        return slow, hits, float(comp[i] / med)
+        return slow, self.recent.count(slow), found[1]
 
 
 def _ranges(ranks):

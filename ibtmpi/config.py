@@ -25,6 +25,7 @@ class ConfigError(Exception):
 
 
 ALGORITHMS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
+SCHEDULES = ("constant", "step", "cosine")
 
 DEFAULTS = {
     "data": {
@@ -63,6 +64,12 @@ DEFAULTS = {
         "weight_decay": 5e-4,
         "nesterov": False,
         "reset_momentum": True,  # zero the local momentum after every sync
+        "schedule": "constant",  # constant | step | cosine: lr per block
+        "milestones": [],        # step: passes at which lr is multiplied by gamma
+        "gamma": 0.1,            # step: the factor
+        "decay_passes": 0.0,     # cosine: passes to decay over; 0: run.passes
+        "final_ratio": 0.0,      # cosine: the last lr as a fraction of lr
+        "warmup_passes": 0.0,    # linear lr warm-up (any schedule)
     },
     "run": {
         "dir": "runs/run",       # run directory (config, metrics, model)
@@ -80,10 +87,12 @@ DEFAULTS = {
         "time_limit": "auto",    # stop with a checkpoint before it: auto (the Slurm
                                  # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
         "profile": False,        # cProfile every rank: RUN/profile-rank-R.txt/.pstats
+        "keep_best": True,       # RUN/model-best.npz: the z with the best val accuracy
     },
 }
 
-_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+_TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+          list: "a list (e.g. [30, 45])"}
 
 
 def _suggest(word, options):
@@ -222,6 +231,18 @@ def validate(cfg):
         (o["lr"] > 0, f"optim.lr must be > 0, got {o['lr']}"),
         (0 <= o["momentum"] < 1, "optim.momentum must be in [0, 1)"),
         (o["weight_decay"] >= 0, "optim.weight_decay must be >= 0"),
+        (o["schedule"] in SCHEDULES,
+         f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {o['schedule']!r}"
+         + _suggest(o["schedule"], SCHEDULES)),
+        (all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
+             for m in o["milestones"]) and list(o["milestones"]) == sorted(o["milestones"]),
+         f"optim.milestones must be increasing numbers of passes > 0, got {o['milestones']!r}"),
+        (not o["milestones"] or o["schedule"] == "step",
+         "optim.milestones is set but optim.schedule is not 'step'"),
+        (0 < o["gamma"] <= 1, "optim.gamma must be in (0, 1]"),
+        (o["decay_passes"] >= 0, "optim.decay_passes must be >= 0 (0: run.passes)"),
+        (0 <= o["final_ratio"] <= 1, "optim.final_ratio must be in [0, 1]"),
+        (o["warmup_passes"] >= 0, "optim.warmup_passes must be >= 0"),
         (r["passes"] > 0, "run.passes must be > 0"),
         (r["eval_every"] >= 0, "run.eval_every must be >= 0"),
         (r["simulate"] >= 0, "run.simulate must be >= 0"),

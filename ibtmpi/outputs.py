@@ -245,6 +245,9 @@ def plot_run(run_dir, out_dir=None):
     if ev:
         ax2.plot([e[0] for e in ev], [e[1]["val_acc"] for e in ev], "o-", color="C1",
                  label="validation accuracy")
+        best = max(ev, key=lambda e: (e[1]["val_acc"], -e[1]["val_loss"]))
+        ax2.plot([best[0]], [best[1]["val_acc"]], "*", color="C3", markersize=12,
+                 label=f"best {best[1]['val_acc']:.4f} (model-best.npz)")
         ax2.set_ylabel("validation accuracy")
         ax2.set_ylim(0, 1)
     _twin_legend(ax, ax2, "center right")
@@ -302,6 +305,18 @@ def plot_run(run_dir, out_dir=None):
         ax.set_title(f"compute time per worker and block ({algo}, N = {n})")
         fig.tight_layout()
         files.append(os.path.join(out_dir, "worker_compute.png"))
+        fig.savefig(files[-1], dpi=100)
+        plt.close(fig)
+
+    lrs = [r.get("lr") for r in recs]
+    if None not in lrs and len(set(lrs)) > 1:          # optim.schedule at work
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.plot(x, lrs, drawstyle="steps-post")
+        ax.set_xlabel("pass")
+        ax.set_ylabel("local learning rate")
+        ax.set_title(f"learning rate per block ({algo}, N = {n})")
+        fig.tight_layout()
+        files.append(os.path.join(out_dir, "learning_rate.png"))
         fig.savefig(files[-1], dpi=100)
         plt.close(fig)
     return files

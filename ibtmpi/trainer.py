@@ -29,18 +29,21 @@ from . import checkpoint as ckpt
 from . import comm as mpi
 from . import runlock
 from .status import hms, slow_worker
-from .config import ConfigError, digest
+from .config import DEFAULTS, ConfigError, digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
 from .loader import WorkerData
 from .model import Model
-from .optim import SGD
+from .optim import SGD, LrSchedule
 from .schedule import Schedule, split_size_for
 
 NS = 6                      # scalar slots: loss_sum, n, correct, q, (2 reserved)
 FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT = 1, 2, 4
 EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
 EXIT_DIVERGED = 4
+BEST = "model-best.npz"
+LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
+           "warmup_passes")
 TIME_MARGIN_S = 30.0        # kept free before a time limit, besides 2 blocks + a
                             # checkpoint (at most 5% of the time the run was given)
 
@@ -134,6 +137,7 @@ class Trainer:
             self._send_d = self.dev.cp.zeros(L, np.float32)
             self._recv_d = self.dev.cp.zeros(L, np.float32)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
+        self.lr_at = LrSchedule(o, self.sched.blocks_per_pass, r["passes"])
         self.z = (np.array(self._host(self.model.params)) if self.algo == "ssgd"
                   else self.cons.z)
         self.val = self.test = None
@@ -146,6 +150,7 @@ class Trainer:
                                     self.ds.n_classes)
         self.metrics_f = None
         self.history = []
+        self.best = None                 # master: the best evaluation so far
         self.block, self.phase = -1, "setup"
         self.stop_requested = False
         self.stop_agreed = False
@@ -485,7 +490,8 @@ class Trainer:
     def _manifest(self, k):
         world = 1 if self.simulate else mpi.world_size()
         ckpt.write_manifest(self.run_dir, k, {
-            "config_hash": self.cfg_hash, "dataset": self.data_fp, "algorithm": self.algo,
+            "config_hash": self.cfg_hash, "config": hashed_config(self.cfg),
+            "dataset": self.data_fp, "algorithm": self.algo,
             "n_workers": self.n_workers, "world_size": world,
             "simulate": self.simulate, "files": [ckpt.rank_file(r) for r in range(world)],
             "blocks_per_pass": self.sched.blocks_per_pass,
@@ -536,9 +542,13 @@ class Trainer:
                 f"count, or start a new run from this one's model: another run.dir "
                 f"and --set model.init={self.run_dir}")
         if m.get("config_hash") not in (self.cfg_hash, run_hash(self.cfg, legacy=True)):
+            what = (isinstance(m.get("config"), dict)
+                    and config_diff(m["config"], hashed_config(self.cfg))
+                    or "model, data, algorithm or optimizer differ")
             raise ckpt.CheckpointError(
-                f"{where} was written by another configuration (model, data or "
-                f"algorithm differ); use another run.dir to start fresh")
+                f"{where} was written by another configuration ({what}); run with "
+                f"the checkpoint's settings to resume, or use another run.dir to "
+                f"start fresh")
         if m.get("dataset", self.data_fp) != self.data_fp:
             raise ckpt.CheckpointError(
                 f"{where} was written for another dataset: "
@@ -829,6 +839,7 @@ class Trainer:
             f"blocks for {r['passes']:g} pass(es)",
             f"  model: {self.cfg['model']['layers']}, {self.P:,d} parameters "
             f"({self.P * 4 / 2**20:.1f} MiB float32)",
+            f"  {self.lr_at.describe() or 'lr: constant ' + format(self.lr_at.lr, 'g')}",
             f"  communication: {per_pass} Allreduce(s) per pass "
             f"({'one per step' if self.algo == 'ssgd' else 'one per block'}) of "
             f"{self.send.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB per pass",
@@ -905,11 +916,13 @@ class Trainer:
         images = 0
         step_fn = self._block_ssgd if self.algo == "ssgd" else self._block_algo
         if cfg["algorithm"]["warmup_steps"] and self.algo != "ssgd" and not start:
+            self.opt.lr = self.lr_at(0)
             self._warmup(cfg["algorithm"]["warmup_steps"])
         old = _install_stop_handlers(self)
         try:
             for k in range(start, self.total_blocks):
                 self.block = k
+                self.opt.lr = lr = self.lr_at(k)
                 t0 = time.perf_counter()
                 p, b, diag = step_fn(k, self._work)
                 self._finish_eval()     # whatever the wait did not finish
@@ -924,7 +937,7 @@ class Trainer:
                        "N": n, "train_loss": loss_sum / max(cnt, 1),
                        "train_acc": corr / max(cnt, 1), "samples": int(cnt),
                        "primal_residual": diag["primal"], "dual_residual": diag["dual"],
-                       "rho": diag["rho"], "wall_s": wall,
+                       "rho": diag["rho"], "lr": lr, "wall_s": wall,
                        "compute_max_s": float(comp.max()),
                        "compute_mean_s": float(comp.mean()),
                        "data_wait_max_s": float(wait.max()),
@@ -999,8 +1012,16 @@ class Trainer:
             self.history = kept
             with open(mpath, "w") as f:
                 f.writelines(json.dumps(x) + "\n" for x in kept)
+            for rec in kept:           # the best so far, as the first attempt saw it
+                if "val_acc" in rec:
+                    self._keep_if_best(rec, write=False)
             self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
                      f"(block {start} of {self.total_blocks})")
+        else:                          # a fresh start: no stale best of another run
+            try:
+                os.remove(os.path.join(r["dir"], BEST))
+            except FileNotFoundError:
+                pass
         if self.deadline is not None:
             self.log(f"time limit {self._deadline_text()}: the run stops with a "
                      f"checkpoint before it (exit 75) and resumes when run again")
@@ -1012,6 +1033,8 @@ class Trainer:
                  f"{self.total_blocks} blocks, model {self.P:,d} parameters")
         if self.init_note and not start:
             self.log(f"model.init: {self.init_note}")
+        if self.lr_at.describe():
+            self.log(self.lr_at.describe())
         self.log(placement_text(self.placement))
 
     def _finish(self, t_start, cpu_start, calls0, bytes0, images):
@@ -1061,6 +1084,8 @@ class Trainer:
                 summary["val_acc"] = last_val[-1]["val_acc"]
             save_model(os.path.join(r["dir"], "model.npz"), self.z, self.model,
                        self.ds, self.cfg)
+            if self.best is not None:
+                summary["best"] = self._best_summary(summary)
             with open(done, "w") as f:
                 json.dump(summary, f, indent=1)
             self.metrics_f.close()
@@ -1069,12 +1094,19 @@ class Trainer:
                          f"(loss {summary['test_loss']:.4f}) after {summary['passes']:.2f} "
                          f"pass(es), {wall:.1f} s; rank 0 CPU {summary['rank0_cpu_share']:.1%} "
                          f"({summary['rank0_other_cpu_share']:.1%} outside evaluation)")
+            b = summary.get("best")
+            if b and b["block"] != self.total_blocks - 1:
+                self.log(f"best val accuracy {b['val_acc']:.4f} at block {b['block']} (pass "
+                         f"{b['pass'] + 1}); final {summary['val_acc']:.4f}"
+                         + (f"; {b['file']}: test accuracy {b['test_acc']:.4f}"
+                            if "test_acc" in b else ""))
         self.summary = summary
         return summary
 
     def _emit(self, rec, val):
         if val:
             rec["val_loss"], rec["val_acc"] = val["loss"], val["acc"]
+            self._keep_if_best(rec)
         self.history.append(rec)
         self.metrics_f.write(json.dumps(rec) + "\n")
         self.metrics_f.flush()
@@ -1088,6 +1120,43 @@ class Trainer:
             if "val_acc" in rec:
                 msg += f", val acc {rec['val_acc']:.4f}"
             self.log(msg)
+
+
+    def _best_summary(self, summary):
+        """summary.json's "best": the block with the best val accuracy, and
+        its model's test accuracy (the final one's where that is the last)."""
+        b = dict(self.best)
+        path = os.path.join(self.run_dir, BEST)
+        if not (self.cfg["run"]["keep_best"] and os.path.exists(path)):
+            return b
+        b["file"] = path
+        if self.test is None:
+            return b
+        if b["block"] == self.total_blocks - 1:
+            b["test_loss"], b["test_acc"] = summary["test_loss"], summary["test_acc"]
+            return b
+        out = {}
+        with np.load(path) as f:
+            z = f["z"]
+        for _ in self._eval_steps(self.test, z, out):
+            pass
+        b["test_loss"], b["test_acc"] = out["loss"], out["acc"]
+        return b
+
+    def _keep_if_best(self, rec, write=True):
+        """Master, at each evaluation: a z with higher val accuracy than every
+        earlier one (equal accuracy: lower val loss) is written to
+        RUN/model-best.npz. The evaluated z is the evaluation model's (the
+        consensus has moved on while the evaluation overlapped the next
+        block)."""
+        b = self.best
+        if b is not None and (rec["val_acc"], -rec["val_loss"]) <= (b["val_acc"],
+                                                                    -b["val_loss"]):
+            return
+        self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
+        if write and self.cfg["run"]["keep_best"]:
+            save_model(os.path.join(self.run_dir, BEST), self.eval_model.params,
+                       self.model, self.ds, self.cfg)
 
 
 class Progress:
@@ -1178,9 +1247,27 @@ def placement_text(rows, show=4):
 
 
 def run_hash(cfg, legacy=False):
-    """Digest of what determines the computation, not operational keys
+    return digest(hashed_config(cfg, legacy))
+
+
+def config_diff(old, new, show=6):
+    """'section.key: A in the checkpoint, B now' for each key of two
+    hashed_config() dicts that differs (at most `show`, then a count)."""
+    def flat(c):
+        return {f"{s}.{k}": v for s, t in c.items() for k, v in t.items()}
+    a, b = flat(old), flat(new)
+    absent = "(not set)"
+    diffs = [f"{key}: {json.dumps(a.get(key, absent))} in the checkpoint, "
+             f"{json.dumps(b.get(key, absent))} now"
+             for key in sorted(set(a) | set(b)) if a.get(key, absent) != b.get(key, absent)]
+    more = f"; and {len(diffs) - show} more" if len(diffs) > show else ""
+    return "; ".join(diffs[:show]) + more
+
+
+def hashed_config(cfg, legacy=False):
+    """What determines the computation, not operational keys
     (passes, threads, quiet, eval/checkpoint cadence, run dir, watchdog,
-    cuda_aware, progress_s, time_limit, profile) nor where the data lives: data.path may move (a
+    cuda_aware, progress_s, time_limit, profile, keep_best) nor where the data lives: data.path may move (a
     copy staged to node-local scratch after a requeue); the manifest's dataset
     fingerprint says whether it is the same data. legacy: the digest of
     checkpoints written before that (path included, no cuda_aware key),
@@ -1189,12 +1276,18 @@ def run_hash(cfg, legacy=False):
     c = copy.deepcopy(cfg)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware", "progress_s", "time_limit", "profile"):
+                "cuda_aware", "progress_s", "time_limit", "profile", "keep_best"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
+    o = c["optim"]
+    if o["schedule"] == "cosine" and not o["decay_passes"]:
+        o["decay_passes"] = float(cfg["run"]["passes"])   # what 0 resolves to
+    for key in LR_KEYS:                # added later: older checkpoints lack them
+        if o.get(key) == DEFAULTS["optim"][key]:
+            o.pop(key)
     if not legacy:
         c["data"].pop("path", None)
-    return digest(c)
+    return c
 
 
 def resolve_deadline(spec, env=None, clock=time.time):

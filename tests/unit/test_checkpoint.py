@@ -10,7 +10,7 @@ import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi.config import load
-from ibtmpi.trainer import InjectedFault, Trainer
+from ibtmpi.trainer import LR_KEYS, InjectedFault, Trainer
 
 ALGOS = ["ma", "admm", "bmuf", "ibt", "easgd", "ssgd"]
 
@@ -139,7 +139,8 @@ def test_resume_follows_the_data_not_its_path(small_dataset, tmp_path, monkeypat
 
 def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path):
     """Manifests written before data.path left the digest (and before the
-    cuda_aware, progress_s, time_limit, profile and model.init keys existed) carry the legacy
+    cuda_aware, progress_s, time_limit, profile, keep_best, model.init and learning-rate
+    schedule keys existed) carry the legacy
     digest and no dataset entry."""
     import copy
     from ibtmpi.config import digest
@@ -148,9 +149,11 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
     old = copy.deepcopy(c)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware", "progress_s", "time_limit", "profile"):
+                "cuda_aware", "progress_s", "time_limit", "profile", "keep_best"):
         old["run"].pop(key)
     old["model"].pop("init")          # nor model.init
+    for key in LR_KEYS:               # nor the learning-rate schedule
+        old["optim"].pop(key)
     for k in ckpt.complete(str(tmp_path / "r")):
         p = os.path.join(ckpt.ckpt_dir(str(tmp_path / "r"), k), "manifest.json")
         m = json.load(open(p))

@@ -31,6 +31,8 @@ def documented():
 
 
 def same(doc, value):
+    if isinstance(value, list):
+        return doc == repr(value)
     if isinstance(value, bool):
         return doc == str(value).lower()
     if isinstance(value, (int, float)):

@@ -24,7 +24,7 @@ def run_dir(small_dataset, tmp_path_factory):
     cfg = load(None, [f"data.path={small_dataset}", "algorithm.name=admm",
                       "data.split_size=40", "data.batch=16", "model.layers=tiny",
                       "run.passes=2", "run.quiet=true", f"run.dir={d}",
-                      "run.simulate=2", "run.threads=1"])
+                      "run.simulate=2", "run.threads=1", "optim.schedule=cosine"])
     Trainer(cfg, log=lambda m: None).run()
     return d
 
@@ -109,7 +109,8 @@ def test_predict_none_readable_is_exit_2(run_dir, tmp_path):
 def test_plot_writes_pngs(run_dir, tmp_path, capsys):
     assert main(["plot", run_dir, "--out", str(tmp_path / "pl")]) == 0
     for f in ("loss_accuracy.png", "residuals.png", "time_breakdown.png",
-              "worker_compute.png"):                  # N = 2: per-worker heatmap
+              "worker_compute.png",                   # N = 2: per-worker heatmap
+              "learning_rate.png"):                   # a cosine schedule
         assert (tmp_path / "pl" / f).stat().st_size > 2000
     recs = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     assert all(len(r["compute_s"]) == 2 and max(r["compute_s"]) == r["compute_max_s"]

@@ -1,0 +1,82 @@
+"""run.keep_best: RUN/model-best.npz holds the consensus model of the
+evaluation with the best val accuracy, checked by evaluating the file again;
+summary.json says which block it was and its test accuracy; a resumed run
+keeps the same best as an uninterrupted one."""
+import json
+import os
+
+import pytest
+
+from ibtmpi.config import load
+from ibtmpi.dataset import Dataset
+from ibtmpi.outputs import load_trained
+from ibtmpi.serial import evaluate
+from ibtmpi.trainer import BEST, InjectedFault, Trainer, run_hash
+
+
+def cfg(path, run_dir, **extra):
+    # lr 0.3 on a tiny model: val accuracy goes up and down, so the best
+    # evaluation is not the last one
+    sets = [f"data.path={path}", "algorithm.name=ma", "data.split_size=40",
+            "data.batch=16", "model.layers=tiny", "run.passes=3", "run.quiet=true",
+            f"run.dir={run_dir}", "run.simulate=3", "run.threads=1",
+            "run.eval_every=1", "run.checkpoint_every=2", "optim.lr=0.3"]
+    return load(None, sets + [f"{k}={v}" for k, v in extra.items()])
+
+
+def reevaluate(path, data, split):
+    t = load_trained(str(path))
+    sp = Dataset(data).split(split)
+    return evaluate(t.model, sp.read_all(), sp.labels, t.mean, t.std)
+
+
+def test_the_best_evaluation_is_kept_and_reported(small_dataset, tmp_path):
+    logs = []
+    t = Trainer(cfg(small_dataset, tmp_path / "r"), log=logs.append)
+    s = t.run()
+    recs = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
+    vals = [(r["val_acc"], -r["val_loss"], r["block"]) for r in recs]
+    assert len(vals) == t.total_blocks
+    acc, negloss, block = max(vals, key=lambda v: (v[0], v[1]))
+    assert block != t.total_blocks - 1, "setting meant to peak before the end"
+    b = s["best"]
+    assert (b["block"], b["val_acc"], b["val_loss"]) == (block, acc, -negloss)
+    # the file is that block's z: evaluated again it gives the same figures
+    loss, a = reevaluate(tmp_path / "r" / BEST, small_dataset, "val")
+    assert (a, loss) == pytest.approx((acc, -negloss), rel=1e-6, abs=0)
+    loss, a = reevaluate(tmp_path / "r" / BEST, small_dataset, "test")
+    assert (b["test_acc"], b["test_loss"]) == pytest.approx((a, loss), rel=1e-6, abs=0)
+    assert b["file"] == str(tmp_path / "r" / BEST)
+    assert json.load(open(tmp_path / "r" / "summary.json"))["best"] == b
+    assert any(m.startswith(f"best val accuracy {acc:.4f} at block {block}") for m in logs)
+
+
+def test_a_resumed_run_keeps_the_same_best(small_dataset, tmp_path, monkeypatch):
+    ref = Trainer(cfg(small_dataset, tmp_path / "a"), log=lambda m: None)
+    ref.run()
+    best_block = ref.summary["best"]["block"]
+    # stop after the best block, and once before it
+    for k in sorted({best_block + 1, max(best_block - 1, 0)}):
+        monkeypatch.setenv("IBTMPI_FAULT", f"0:{k}:compute")
+        with pytest.raises(InjectedFault):
+            Trainer(cfg(small_dataset, tmp_path / "b"), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    t = Trainer(cfg(small_dataset, tmp_path / "b"), log=lambda m: None)
+    t.run()
+    assert t.z.tobytes() == ref.z.tobytes()
+    assert open(tmp_path / "b" / BEST, "rb").read() == open(tmp_path / "a" / BEST, "rb").read()
+    sb, sa = t.summary["best"], ref.summary["best"]
+    assert {k: v for k, v in sb.items() if k != "file"} == \
+        {k: v for k, v in sa.items() if k != "file"}
+
+
+def test_keep_best_off_writes_no_file_and_a_fresh_start_drops_a_stale_one(
+        small_dataset, tmp_path):
+    d = tmp_path / "r"
+    os.makedirs(d)
+    (d / BEST).write_bytes(b"from another run")
+    t = Trainer(cfg(small_dataset, d, **{"run.keep_best": "false"}), log=lambda m: None)
+    s = t.run()
+    assert not (d / BEST).exists()
+    assert "file" not in s["best"] and "test_acc" not in s["best"]
+    assert run_hash(t.cfg) == run_hash(cfg(small_dataset, d))

@@ -12,6 +12,7 @@ from mpi4py import MPI
 from ibtmpi import comm
 from ibtmpi.config import load
 from ibtmpi.trainer import Trainer
+from mpicheck import on_master
 
 pytestmark = pytest.mark.mpi(min_size=2)
 W = MPI.COMM_WORLD
@@ -34,7 +35,9 @@ def make_cfg(path, algo, simulate=0, extra=()):
 CASES = [("admm", ()), ("bmuf", ()), ("ibt", ()), ("ma", ()), ("easgd", ()),
          ("ssgd", ()),
          ("admm", ("algorithm.adaptive_rho=true", "algorithm.over_relaxation=1.5")),
-         ("ibt", ("algorithm.warmup_steps=3", "algorithm.dual_reset=true"))]
+         ("ibt", ("algorithm.warmup_steps=3", "algorithm.dual_reset=true")),
+         ("ibt", ("optim.schedule=cosine", "optim.warmup_passes=0.5")),
+         ("ssgd", ("optim.schedule=step", "optim.milestones=[0.5, 1.0]"))]
 
 
 @pytest.mark.parametrize("algo,extra", CASES)
@@ -50,14 +53,15 @@ def test_mpi_matches_simulation_and_z_is_bitwise_identical(dataset, algo, extra)
     assert s["allreduce_calls"] == expect
     digests = W.allgather(hashlib.sha256(z.tobytes()).hexdigest())
     assert len(set(digests)) == 1, "z differs between ranks"
-    if W.Get_rank() == 0:
+
+    def check():
         sim = Trainer(make_cfg(dataset, algo, simulate=n_workers, extra=extra),
                       log=lambda m: None)
         sim.run()
         scale = max(1.0, float(np.abs(sim.z).max()))
         err = float(np.abs(sim.z - z).max()) / scale
         assert err <= 1e-6, f"{algo}: MPI vs simulation max rel diff {err:.2e}"
-    W.Barrier()
+    on_master(check)
 
 
 def test_master_is_rank_zero_and_workers_hold_data(dataset):
@@ -124,12 +128,13 @@ def test_init_from_a_model_under_mpi_matches_its_simulation(dataset):
     t = Trainer(make_cfg(dataset, "ibt", extra=init), log=lambda m: None)
     t.run()
     assert len(set(W.allgather(hashlib.sha256(t.z.tobytes()).hexdigest()))) == 1
-    if W.Get_rank() == 0:
+
+    def check():
         sim = Trainer(make_cfg(dataset, "ibt", simulate=n_workers, extra=init),
                       log=lambda m: None)
         sim.run()
         assert float(np.abs(sim.z - t.z).max()) <= 1e-6 * max(1.0, float(np.abs(sim.z).max()))
-    W.Barrier()
+    on_master(check)
     # the last rank alone is pointed at a missing file
     last = W.Get_rank() == W.Get_size() - 1
     bad = make_cfg(dataset, "ibt", extra=init)
@@ -146,12 +151,13 @@ def test_summary_says_where_every_rank_ran(dataset):
     t.run()
     me = {"rank": W.Get_rank(), "host": socket.gethostname(), "pid": os.getpid()}
     mine = W.gather(me)
-    if W.Get_rank() == 0:
+
+    def check():
         env = json.load(open(os.path.join(t.run_dir, "summary.json")))["environment"]
         ranks = env["ranks"]
         assert [{k: r[k] for k in ("rank", "host", "pid")} for r in ranks] == mine
         assert [r["device"] for r in ranks] == ["-"] + ["cpu"] * (W.Get_size() - 1)
-    W.Barrier()
+    on_master(check)
 
 
 @pytest.mark.mpi(min_size=3)
@@ -168,12 +174,13 @@ def test_a_slow_rank_is_named_with_its_node(dataset):
     t = SlowWorker1(make_cfg(dataset, "ma", extra=("data.split_size=10", "run.passes=1")),
                     log=logs.append)
     t.run()
-    if W.Get_rank() == 0:
+
+    def check():
         assert t.sched.blocks_per_pass >= 10
         named = [m for m in logs if "computed longest" in m]
         assert named and named[0].startswith(
             f"worker 1 (rank 2 on {socket.gethostname()}) computed longest in ")
-    W.Barrier()
+    on_master(check)
 
 
 def test_ranks_that_read_another_configuration_stop_together(dataset):
@@ -218,8 +225,38 @@ def test_profile_writes_one_file_per_rank(dataset):
                 log=lambda m: None)
     t.run()
     W.Barrier()
-    if W.Get_rank() == 0:
+
+    def check():
         names = sorted(f for f in os.listdir(t.run_dir) if f.endswith(".txt")
                        and f.startswith("profile-rank-"))
         assert names == [f"profile-rank-{r:05d}.txt" for r in range(W.Get_size())]
-    W.Barrier()
+    on_master(check)
+
+
+def test_the_best_model_is_the_evaluated_one_while_evaluation_overlaps(dataset):
+    """Under MPI the master evaluates block k's z while block k+1 runs, so z
+    has moved on when the evaluation ends: model-best.npz must still be the
+    z that was evaluated (re-evaluating it gives its metrics line)."""
+    import json
+    from ibtmpi.dataset import Dataset
+    from ibtmpi.outputs import load_trained
+    from ibtmpi.serial import evaluate
+    from ibtmpi.trainer import BEST
+    t = Trainer(make_cfg(dataset, "ma", extra=("run.eval_every=1", "optim.lr=0.3",
+                                                "run.passes=3")), log=lambda m: None)
+    # no evaluation in the Allreduce wait: each one ends after z has moved on
+    work = t._work
+    t._work = lambda: t.phase != "allreduce" and work()
+    s = t.run()
+
+    def check():
+        d = t.cfg["run"]["dir"]
+        recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        best = max(recs, key=lambda r: (r["val_acc"], -r["val_loss"]))
+        assert s["best"]["block"] == best["block"]
+        m = load_trained(os.path.join(d, BEST))
+        sp = Dataset(dataset).split("val")
+        loss, acc = evaluate(m.model, sp.read_all(), sp.labels, m.mean, m.std)
+        assert (acc, loss) == pytest.approx((best["val_acc"], best["val_loss"]),
+                                            rel=1e-6, abs=0)
+    on_master(check)

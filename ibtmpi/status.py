@@ -91,6 +91,9 @@ def inspect(run_dir):
         vals = [r for r in recs if "val_acc" in r]
         if vals:
             info["val_acc"] = vals[-1]["val_acc"]
+            best = max(vals, key=lambda r: (r["val_acc"], -r.get("val_loss", 0.0)))
+            if best is not vals[-1] and best["val_acc"] > vals[-1]["val_acc"]:
+                info["best"] = {"block": best["block"], "val_acc": best["val_acc"]}
         recent = [r["wall_s"] for r in recs[-10:] if "wall_s" in r]
         if recent:
             info["block_s"] = sum(recent) / len(recent)
@@ -115,6 +118,9 @@ def inspect(run_dir):
     elif summary is not None and (not recs or summary.get("blocks") == len(recs)):
         info.update(state="finished", test_acc=summary.get("test_acc"),
                     blocks_total=summary.get("blocks"), wall_s=summary.get("wall_s"))
+        b = summary.get("best") or {}
+        if "test_acc" in b and b.get("block") != (summary.get("blocks") or 0) - 1:
+            info["best_test"] = b
     elif errors:
         info.update(state="failed", errors=errors)
     elif holder is not None:
@@ -154,6 +160,10 @@ def describe(info):
         wall = f" in {hms(info['wall_s'])}" if info.get("wall_s") else ""
         line = f"finished: {prog}{acc}{wall}"
         bits = []
+        b = info.get("best_test")
+        if b:
+            bits.append(f"model-best.npz (block {b['block']}, val acc {b['val_acc']:.4f}): "
+                        f"test acc {b['test_acc']:.4f}")
     elif state == "failed":
         names = ", ".join(os.path.basename(e) for e in info["errors"])
         line = f"failed after {prog} (see {names}); {resume}"
@@ -163,6 +173,9 @@ def describe(info):
         line = "not started (no block done)"
     if what:
         line = f"{what}: {line}"
+    if info.get("best") and state != "finished":
+        bits.append(f"best val acc {info['best']['val_acc']:.4f} at block "
+                    f"{info['best']['block']}")
     if bits:
         line += "; " + ", ".join(bits)
     slow = info.get("straggler")

@@ -121,3 +121,21 @@ def test_a_straggling_worker_is_shown(finished, tmp_path, capsys):
         f.writelines(json.dumps(r) + "\n" for r in recs)
     rc, out, _ = status(capsys, run, json_out=True)
     assert "straggler" not in json.loads(out)
+
+
+def test_the_best_evaluation_is_named_when_it_is_not_the_last(small_dataset, tmp_path, capsys):
+    run = str(tmp_path / "peaked")
+    # lr 0.3 on the tiny model: val accuracy peaks before the end
+    assert main(["train", "--simulate", "3"] + train_args(small_dataset, run, 3, **{
+        "algorithm.name": "ma", "run.eval_every": 1, "optim.lr": 0.3,
+        "run.checkpoint_every": 2})) == 0
+    b = json.load(open(os.path.join(run, "summary.json")))["best"]
+    rc, out, _ = status(capsys, run)
+    assert rc == 0
+    assert out.rstrip().endswith(f"; model-best.npz (block {b['block']}, val acc "
+                                 f"{b['val_acc']:.4f}): test acc {b['test_acc']:.4f}")
+    # the same run stopped (no summary, no lock): the best so far, from the metrics
+    os.remove(os.path.join(run, "summary.json"))
+    rc, out, _ = status(capsys, run)
+    assert "stopped after" in out and out.rstrip().endswith(
+        f", best val acc {b['val_acc']:.4f} at block {b['block']}")

@@ -88,6 +88,8 @@ DEFAULTS = {
                                  # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
         "profile": False,        # cProfile every rank: RUN/profile-rank-R.txt/.pstats
         "keep_best": True,       # RUN/model-best.npz: the z with the best val accuracy
+        "early_stop": 0,         # stop after this many evaluations without a better
+                                 # val accuracy; 0: off
     },
 }
 
@@ -245,6 +247,7 @@ def validate(cfg):
         (o["warmup_passes"] >= 0, "optim.warmup_passes must be >= 0"),
         (r["passes"] > 0, "run.passes must be > 0"),
         (r["eval_every"] >= 0, "run.eval_every must be >= 0"),
+        (r["early_stop"] >= 0, "run.early_stop must be >= 0 (0: off)"),
         (r["simulate"] >= 0, "run.simulate must be >= 0"),
         (r["checkpoint_every"] >= 0, "run.checkpoint_every must be >= 0"),
         (r["keep_checkpoints"] >= 1, "run.keep_checkpoints must be >= 1"),

@@ -38,7 +38,7 @@ from .optim import SGD, LrSchedule
 from .schedule import Schedule, split_size_for
 
 NS = 6                      # scalar slots: loss_sum, n, correct, q, (2 reserved)
-FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT = 1, 2, 4
+FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT, FLAG_EARLY = 1, 2, 4, 8
 EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
 EXIT_DIVERGED = 4
 BEST = "model-best.npz"
@@ -98,6 +98,9 @@ class Trainer:
             raise ValueError(f"algorithm 'sgd' is the single-worker baseline; {how}, or "
                              f"pick a parallel algorithm (ssgd, ma, admm, bmuf, ibt, easgd)")
         self.ds = Dataset(d["path"])
+        if r["early_stop"] and "val" not in self.ds.splits:
+            raise ConfigError(f"run.early_stop needs a val split; {d['path']} has "
+                              f"{', '.join(self.ds.splits)}")
         tr = self.ds.split("train")
         split = split_size_for(d["block_size"] or None,
                                d["split_size"] or (None if d["block_size"] else 512), n)
@@ -151,9 +154,12 @@ class Trainer:
         self.metrics_f = None
         self.history = []
         self.best = None                 # master: the best evaluation so far
+        self.since_best = 0              # master: evaluations since then
         self.block, self.phase = -1, "setup"
         self.stop_requested = False
         self.stop_agreed = False
+        self.early = None                # master: (block, reason) of run.early_stop
+        self.early_agreed = False        # every rank: stop after this block
         self.stop_reason = "a signal"
         # only the master watches the clock; the flags carry its stop to all
         self.deadline, self.deadline_src = (resolve_deadline(r["time_limit"])
@@ -355,6 +361,8 @@ class Trainer:
                 v |= FLAG_STOP
             if self.pending_ckpt is not None and self.pending_ok:
                 v |= FLAG_CKPT
+            if self.early is not None and self.block >= self.early[0]:
+                v |= FLAG_EARLY
             fl[j] = v
 
     def _check_flags(self, k):
@@ -372,6 +380,7 @@ class Trainer:
                 f"{ranks}); the last good checkpoint is kept. Lower optim.lr or raise "
                 f"algorithm.rho")
         self.stop_agreed = bool((f & FLAG_STOP).any())
+        self.early_agreed = bool((f & FLAG_EARLY).any())
 
     def _block_ssgd(self, k, work):
         """Horovod-style: one fused Allreduce of the gradients per minibatch."""
@@ -896,6 +905,16 @@ class Trainer:
         n, P = self.n_workers, self.P
         self.placement = self._placement()
         start = self.start = self._restore()
+        if self.is_master and start:
+            self._read_history(start)
+        # a run that stopped early (run.early_stop) and is run again: its
+        # last checkpoint is the stop block, nothing is left to train
+        done = self.is_master and self.early is not None and self.early[0] < start
+        if not (self.simulate or mpi.world_size() == 1):
+            done = mpi.bcast(done)
+        if done:
+            self.total_blocks = start
+            self.early_agreed = True
         if self.is_master:
             self._open_run_dir(start)
         self._pending_eval = None      # (record, generator, out)
@@ -950,6 +969,8 @@ class Trainer:
                     raise Diverged(f"block {k}: the consensus model z is not finite; "
                                    f"the last good checkpoint is kept. Lower optim.lr "
                                    f"or raise algorithm.rho")
+                if self.early_agreed:     # run.early_stop: this block is the last
+                    self.total_blocks = k + 1
                 last = k + 1 == self.total_blocks
                 if self.is_master:
                     slow = self.stragglers.block(comp)
@@ -976,6 +997,8 @@ class Trainer:
                     tc = time.perf_counter()
                     self._checkpoint(k)
                     self._ckpt_s = max(self._ckpt_s, time.perf_counter() - tc)
+                if self.early_agreed:
+                    break
                 if self.stop_agreed and not last:
                     self._final_sync()
                     raise Preempted(f"stopped by {self.stop_reason} after block {k}; "
@@ -992,6 +1015,25 @@ class Trainer:
                 self.metrics_f.flush()
         return self._finish(t_start, cpu_start, calls0, bytes0, images)
 
+    def _read_history(self, start):
+        """Master, resuming at `start`: the metrics lines of the blocks the
+        checkpoint covers, and from them the best evaluation so far and any
+        early stop, as the first attempt saw them."""
+        mpath = os.path.join(self.run_dir, "metrics.jsonl")
+        kept = []
+        if os.path.exists(mpath):
+            for line in open(mpath):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    break              # a torn last line
+                if rec.get("block", -1) < start:
+                    kept.append(rec)
+        self.history = kept
+        for rec in kept:
+            if "val_acc" in rec:
+                self._keep_if_best(rec, write=False)
+
     def _open_run_dir(self, start):
         r = self.cfg["run"]
         from .config import to_toml
@@ -1000,21 +1042,8 @@ class Trainer:
             f.write(to_toml(self.cfg))
         mpath = os.path.join(r["dir"], "metrics.jsonl")
         if start:
-            kept = []                  # the lines of the blocks the checkpoint covers
-            if os.path.exists(mpath):
-                for line in open(mpath):
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        break              # a torn last line
-                    if rec.get("block", -1) < start:
-                        kept.append(rec)
-            self.history = kept
             with open(mpath, "w") as f:
-                f.writelines(json.dumps(x) + "\n" for x in kept)
-            for rec in kept:           # the best so far, as the first attempt saw it
-                if "val_acc" in rec:
-                    self._keep_if_best(rec, write=False)
+                f.writelines(json.dumps(x) + "\n" for x in self.history)
             self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
                      f"(block {start} of {self.total_blocks})")
         else:                          # a fresh start: no stale best of another run
@@ -1068,10 +1097,15 @@ class Trainer:
             self.metrics_f.close()
             acc = (f" (test accuracy {summary['test_acc']:.4f})"
                    if "test_acc" in summary else "")
-            self.log(f"{r['dir']} already holds {self.start} trained blocks, this run "
-                     f"asks for {self.total_blocks}{acc}: nothing to train, its summary "
-                     f"and model are kept. Raise run.passes to train on, or use another "
-                     f"run.dir")
+            if self.early_agreed:
+                self.log(f"{r['dir']} stopped early after block {self.start - 1} "
+                         f"(run.early_stop){acc}: nothing to train, its summary and model "
+                         f"are kept. Use another run.dir to train again")
+            else:
+                self.log(f"{r['dir']} already holds {self.start} trained blocks, this run "
+                         f"asks for {self.total_blocks}{acc}: nothing to train, its "
+                         f"summary and model are kept. Raise run.passes to train on, or "
+                         f"use another run.dir")
         elif self.is_master:
             self.phase = "evaluation"
             if self.test is not None:
@@ -1086,6 +1120,11 @@ class Trainer:
                        self.ds, self.cfg)
             if self.best is not None:
                 summary["best"] = self._best_summary(summary)
+            if self.early_agreed and self.early is not None:
+                summary["stopped_early"] = {"after_block": self.total_blocks - 1,
+                                            "reason": self.early[1]}
+                self.log(f"early stop (run.early_stop): {self.early[1]}; stopped after "
+                         f"block {self.total_blocks - 1}")
             with open(done, "w") as f:
                 json.dump(summary, f, indent=1)
             self.metrics_f.close()
@@ -1152,7 +1191,17 @@ class Trainer:
         b = self.best
         if b is not None and (rec["val_acc"], -rec["val_loss"]) <= (b["val_acc"],
                                                                     -b["val_loss"]):
+            self.since_best += 1
+            p = self.cfg["run"]["early_stop"]
+            if p and self.since_best >= p and self.early is None:
+                # this evaluation may end while block k+1 runs, after k+1's
+                # flags went out: the stop rides on block k+2's flags, in every
+                # run alike (MPI, simulation, resumed), so it ends after k+2
+                self.early = (rec["block"] + 2,
+                              f"no better val accuracy than {b['val_acc']:.4f} (block "
+                              f"{b['block']}) in {p} evaluations")
             return
+        self.since_best = 0
         self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
         if write and self.cfg["run"]["keep_best"]:
             save_model(os.path.join(self.run_dir, BEST), self.eval_model.params,
@@ -1267,7 +1316,7 @@ def config_diff(old, new, show=6):
 def hashed_config(cfg, legacy=False):
     """What determines the computation, not operational keys
     (passes, threads, quiet, eval/checkpoint cadence, run dir, watchdog,
-    cuda_aware, progress_s, time_limit, profile, keep_best) nor where the data lives: data.path may move (a
+    cuda_aware, progress_s, time_limit, profile, keep_best, early_stop) nor where the data lives: data.path may move (a
     copy staged to node-local scratch after a requeue); the manifest's dataset
     fingerprint says whether it is the same data. legacy: the digest of
     checkpoints written before that (path included, no cuda_aware key),
@@ -1276,7 +1325,8 @@ def hashed_config(cfg, legacy=False):
     c = copy.deepcopy(cfg)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware", "progress_s", "time_limit", "profile", "keep_best"):
+                "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
+                "early_stop"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
     o = c["optim"]

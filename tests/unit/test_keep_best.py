@@ -80,3 +80,71 @@ def test_keep_best_off_writes_no_file_and_a_fresh_start_drops_a_stale_one(
     assert not (d / BEST).exists()
     assert "file" not in s["best"] and "test_acc" not in s["best"]
     assert run_hash(t.cfg) == run_hash(cfg(small_dataset, d))
+
+
+def expected_stop(recs, patience):
+    """The block an early-stopping run ends after, replayed from the metrics
+    of the same run without it: the evaluation at block k that makes
+    `patience` evaluations without a better one stops the run after k + 2."""
+    best, since = None, 0
+    for r in recs:
+        key = (r["val_acc"], -r["val_loss"])
+        if best is not None and key <= best:
+            since += 1
+            if since >= patience:
+                return r["block"] + 2
+        else:
+            best, since = key, 0
+    return None
+
+
+def test_early_stop_ends_after_the_block_the_rule_names(small_dataset, tmp_path, monkeypatch):
+    full = Trainer(cfg(small_dataset, tmp_path / "full"), log=lambda m: None)
+    full.run()
+    recs = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]
+    stop = expected_stop(recs, 2)
+    assert stop is not None and stop + 1 < full.total_blocks, "setting meant to stop early"
+    logs = []
+    t = Trainer(cfg(small_dataset, tmp_path / "e", **{"run.early_stop": 2}), log=logs.append)
+    s = t.run()
+    assert s["blocks"] == stop + 1 and s["stopped_early"]["after_block"] == stop
+    got = [json.loads(line) for line in open(tmp_path / "e" / "metrics.jsonl")]
+    assert [r["block"] for r in got] == list(range(stop + 1))
+    assert [r["val_acc"] for r in got] == [r["val_acc"] for r in recs[:stop + 1]]
+    assert any(m.startswith("early stop (run.early_stop): no better val accuracy")
+               for m in logs)
+    # its z is that of a run told to train exactly stop + 1 blocks
+    bpp = t.sched.blocks_per_pass
+    short = Trainer(cfg(small_dataset, tmp_path / "s", **{"run.passes": (stop + 0.5) / bpp}),
+                    log=lambda m: None)
+    short.run()
+    assert short.total_blocks == stop + 1 and short.z.tobytes() == t.z.tobytes()
+    assert s["best"] == {**short.summary["best"], "file": s["best"]["file"]}
+
+    # interrupted before the stop and resumed: the same stop, the same z
+    monkeypatch.setenv("IBTMPI_FAULT", f"0:{stop - 1}:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(cfg(small_dataset, tmp_path / "r", **{"run.early_stop": 2}),
+                log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    r = Trainer(cfg(small_dataset, tmp_path / "r", **{"run.early_stop": 2}),
+                log=lambda m: None)
+    assert r.run()["stopped_early"] == s["stopped_early"]
+    assert r.z.tobytes() == t.z.tobytes()
+
+    # run again when finished: nothing to train, the summary is kept
+    before = open(tmp_path / "e" / "summary.json").read()
+    logs = []
+    again = Trainer(cfg(small_dataset, tmp_path / "e", **{"run.early_stop": 2}),
+                    log=logs.append)
+    again.run()
+    assert any("stopped early after block" in m and "nothing to train" in m for m in logs)
+    assert open(tmp_path / "e" / "summary.json").read() == before
+    # ... and when the summary was lost (a crash after the last checkpoint),
+    # the run is finished from its checkpoint without training
+    os.remove(tmp_path / "e" / "summary.json")
+    again = Trainer(cfg(small_dataset, tmp_path / "e", **{"run.early_stop": 2}),
+                    log=lambda m: None)
+    s2 = again.run()
+    assert s2["stopped_early"] == s["stopped_early"] and s2["test_acc"] == s["test_acc"]
+    assert again.z.tobytes() == t.z.tobytes()

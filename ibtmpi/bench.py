@@ -96,8 +96,11 @@ def run_one(out_dir, name, data, algo, n, sets, mpi, log=print, fresh=False):
 
 def run(out_dir, data, ns=(1, 2, 4, 8), algos=ALGOS, passes=3.0, split=256, batch=32,
         mpi_max=None, fixed_block=1240, fixed_ns=(10, 20, 40), extra=(), log=print,
-        fresh=False):
-    """Every comparison run; returns the names of those that failed."""
+        fresh=False, seeds=1):
+    """Every comparison run; returns the names of those that failed. seeds
+    > 1 repeats each run with model.seed = data.seed = s for s = 1 ..
+    seeds-1 (run NAME-sS; seed 0 is the run NAME), so the report can give
+    each cell a mean and a standard deviation."""
     mpi_max = (os.cpu_count() or 1) if mpi_max is None else mpi_max
     try:
         launcher.find_mpiexec()
@@ -117,6 +120,9 @@ def run(out_dir, data, ns=(1, 2, 4, 8), algos=ALGOS, passes=3.0, split=256, batc
         jobs.append(("t2-sgd-1", "sgd", 1, fixed, False))
         jobs += [(f"t2-{algo}-{n}", algo, n, fixed, False)
                  for algo in ("admm", "ibt") for n in fixed_ns]
+    jobs = [(name + (f"-s{sd}" if sd else ""), algo, n,
+             sets + ([f"model.seed={sd}", f"data.seed={sd}"] if sd else []), mpi)
+            for name, algo, n, sets, mpi in jobs for sd in range(seeds)]
     failed = []
     for i, (name, algo, n, sets, mpi) in enumerate(jobs):
         if i == 0:
@@ -135,7 +141,8 @@ def load_run(d):
     from .config import load
     if os.path.isfile(os.path.join(d, "diverged.json")):
         r = json.load(open(os.path.join(d, "diverged.json")))
-        return {"dir": d, "name": os.path.basename(d.rstrip("/")), "diverged": True, **r}
+        return {"dir": d, "name": os.path.basename(d.rstrip("/")), "diverged": True,
+                "seed": _seed_of(d), **r}
     sp = os.path.join(d, "summary.json")
     if not os.path.isfile(sp):
         return None
@@ -155,6 +162,7 @@ def load_run(d):
     return {
         "dir": d, "name": os.path.basename(d.rstrip("/")), "diverged": False,
         "algorithm": s["algorithm"], "N": s["N"], "simulated": s.get("simulated", False),
+        "seed": (cfg["model"]["seed"], cfg["data"]["seed"]),
         "world_size": s.get("world_size"), "test_acc": s.get("test_acc"),
         "passes": passes, "block_size": cfg["data"]["block_size"],
         "batch": cfg["data"]["batch"],
@@ -198,12 +206,47 @@ def machine():
     return info
 
 
-def _acc(r):
-    if r is None:
+def _seed_of(d):
+    """(model.seed, data.seed) of a run directory from its config.toml;
+    (0, 0) where there is none (a run that diverged before writing one)."""
+    from .config import ConfigError, load
+    try:
+        c = load(os.path.join(d, "config.toml"))
+        return (c["model"]["seed"], c["data"]["seed"])
+    except ConfigError:
+        return (0, 0)
+
+
+def _stats(rows):
+    """(mean, sd, n) of the finished runs' test accuracy; sd None for n < 2."""
+    accs = [r["test_acc"] for r in rows if not r["diverged"] and r["test_acc"] is not None]
+    if not accs:
+        return None, None, 0
+    return (statistics.mean(accs), statistics.stdev(accs) if len(accs) > 1 else None,
+            len(accs))
+
+
+def _cell(rows):
+    """A table cell for the runs of one (algorithm, N): the accuracy of a
+    single run, or mean +- sd over seeds (n), and how many diverged."""
+    if not rows:
         return "-"
-    if r["diverged"]:
-        return "diverged"
-    return f"{r['test_acc']:.4f}"
+    div = sum(r["diverged"] for r in rows)
+    mean, sd, n = _stats(rows)
+    if n == 0:
+        return "diverged" if div == 1 else f"diverged ({div}/{len(rows)})"
+    cell = f"{mean:.4f}" if len(rows) == 1 else (
+        f"{mean:.4f} +- {sd:.4f} (n={n})" if sd is not None else f"{mean:.4f} (n=1)")
+    return cell + (f", {div} diverged" if div else "")
+
+
+def _first_seed(runs):
+    """One run per (algorithm, N, block size): the lowest seed, for the
+    tables of times and the plots."""
+    out = {}
+    for r in sorted(runs, key=lambda r: tuple(r.get("seed") or (0, 0))):
+        out.setdefault((r["algorithm"], r["N"], r.get("block_size")), r)
+    return list(out.values())
 
 
 def paired_gap(base_dir, other_dir, data, split="test"):
@@ -244,7 +287,7 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
         out = [f"## {title}", "", "| algorithm | " + " | ".join(f"N={n}" for n in ns) + " |",
                "|---|" + "---|" * len(ns)]
         for a in algos:
-            cells = [_acc(next((r for r in rows if r["algorithm"] == a and r["N"] == n), None))
+            cells = [_cell([r for r in rows if r["algorithm"] == a and r["N"] == n])
                      for n in ns]
             out.append(f"| {a} | " + " | ".join(cells) + " |")
         return out + [""]
@@ -252,8 +295,13 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     if t2:
         md += table(t2, f"T2: fixed block of {t2[0].get('block_size', '?')} samples, "
                         f"split = block / N")
-    # T3
-    ok = [r for r in t1 if not r["diverged"]]
+    if any(len([q for q in runs if (q["algorithm"], q["N"]) == (r["algorithm"], r["N"])]) > 1
+           for r in t1):
+        md += ["Cells with n: mean +- standard deviation over seeds (model.seed = "
+               "data.seed = s: another initialisation and another data order).", ""]
+    # T3: times from one seed per cell
+    every = [r for r in t1 if not r["diverged"]]
+    ok = _first_seed(every)
     base = next((r for r in ok if r["N"] == 1), None)
     md += ["## T3: time per pass, throughput, communication", "",
            "| run | mode | wall s/pass | speedup (wall) | critical-path s/pass | speedup "
@@ -280,10 +328,18 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     md += ["## Targets", ""]
     ibt = sorted([r for r in ok if r["algorithm"] == "ibt"], key=lambda r: r["N"])
     if ibt and base:
-        gap = (base["test_acc"] - ibt[-1]["test_acc"]) * 100
+        bm, bsd, bn = _stats([r for r in every if r["N"] == 1])
+        im, isd, i_n = _stats([r for r in every if r["algorithm"] == "ibt"
+                               and r["N"] == ibt[-1]["N"]])
+        gap = (bm - im) * 100
+        spread = ""
+        if bsd is not None or isd is not None:
+            se = 100 * ((bsd or 0.0) ** 2 / bn + (isd or 0.0) ** 2 / i_n) ** 0.5
+            spread = (f", SE {se:.2f} pt over seeds ({i_n} and {bn} runs): the gap is "
+                      f"{abs(gap) / se if se else float('inf'):.1f} SE")
         md.append(f"- ibt at N = {ibt[-1]['N']} within {target_pt} pt of N = 1: "
-                  f"{'MET' if gap <= target_pt else 'NOT MET'} ({ibt[-1]['test_acc']:.4f} vs "
-                  f"{base['test_acc']:.4f}, {gap:+.2f} pt; {ibt[-1]['passes']:g} vs "
+                  f"{'MET' if gap <= target_pt else 'NOT MET'} ({im:.4f} vs "
+                  f"{bm:.4f}, {gap:+.2f} pt{spread}; {ibt[-1]['passes']:g} vs "
                   f"{base['passes']:g} passes, local batch {ibt[-1]['batch']} vs "
                   f"{base['batch']})")
         if holdout:

@@ -131,6 +131,9 @@ def build_parser():
     b.add_argument("--mpi-max", type=int, help="largest N run as real MPI (default: cores)")
     b.add_argument("--fixed-block", type=int, default=1240, help="0 skips T2")
     b.add_argument("--fixed-ns", default="10,20,40")
+    b.add_argument("--seeds", type=_positive_int, default=1,
+                   help="runs per cell, model.seed = data.seed = 0..S-1; the report "
+                        "gives mean +- sd (default 1)")
     b.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     b.add_argument("--fresh", action="store_true",
                    help="redo every run; by default a run directory that already holds "
@@ -565,7 +568,7 @@ def cmd_bench(args):
         failed = bench.run(args.out, args.data, ints(args.ns), tuple(args.algos.split(",")),
                            args.passes, args.split, args.batch, args.mpi_max,
                            args.fixed_block, ints(args.fixed_ns), tuple(args.set),
-                           fresh=args.fresh)
+                           fresh=args.fresh, seeds=args.seeds)
         runs = sorted(os.path.join(args.out, d) for d in os.listdir(args.out)
                       if d.startswith(("t1-", "t2-")))
         try:

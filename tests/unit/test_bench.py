@@ -129,3 +129,35 @@ def test_bench_run_keeps_finished_runs_and_goes_on_past_a_failed_one(
     assert "t1-ma-2: test accuracy" in capsys.readouterr().out
     assert main(args + ["--algos", "ma", "--passes", "2", "--fresh"]) == 0
     assert "done earlier" not in capsys.readouterr().out
+
+
+def test_seeds_repeat_each_cell_and_the_report_gives_mean_and_sd(small_dataset, tmp_path,
+                                                                 capsys):
+    """--seeds 3: each run three times with model.seed = data.seed = 0, 1, 2;
+    the tables give mean +- sd (n) of exactly those runs, and the target line
+    the gap of the means with its standard error."""
+    import statistics
+    out = tmp_path / "b"
+    assert main(["bench", "run", "--data", small_dataset, "--out", str(out), "--ns", "1,2",
+                 "--algos", "sgd,ibt", "--passes", "1", "--split", "40", "--batch", "16",
+                 "--fixed-block", "0", "--mpi-max", "0", "--seeds", "3",
+                 "--set", "model.layers=tiny"]) == 0
+    capsys.readouterr()
+    names = sorted(d for d in os.listdir(out) if d.startswith("t1-"))
+    assert names == ["t1-ibt-2", "t1-ibt-2-s1", "t1-ibt-2-s2",
+                     "t1-sgd-1", "t1-sgd-1-s1", "t1-sgd-1-s2"]
+    acc = {}
+    for algo, n in (("sgd", 1), ("ibt", 2)):
+        runs = [f"t1-{algo}-{n}", f"t1-{algo}-{n}-s1", f"t1-{algo}-{n}-s2"]
+        cfgs = [load(str(out / d / "config.toml")) for d in runs]
+        assert [(c["model"]["seed"], c["data"]["seed"]) for c in cfgs] == [(0, 0), (1, 1), (2, 2)]
+        acc[algo] = [json.load(open(out / d / "summary.json"))["test_acc"] for d in runs]
+    assert len(set(acc["ibt"])) > 1, "the seeds gave identical runs"
+    md = (out / "report" / "report.md").read_text()
+    m, sd = statistics.mean(acc["ibt"]), statistics.stdev(acc["ibt"])
+    assert f"| ibt | - | {m:.4f} +- {sd:.4f} (n=3) |" in md
+    bm, bsd = statistics.mean(acc["sgd"]), statistics.stdev(acc["sgd"])
+    se = 100 * (bsd ** 2 / 3 + sd ** 2 / 3) ** 0.5
+    assert f"({m:.4f} vs {bm:.4f}, {(bm - m) * 100:+.2f} pt, SE {se:.2f} pt over seeds" in md
+    # the time table keeps one run (seed 0) per cell
+    assert "| t1-ibt-2 | sim |" in md and "t1-ibt-2-s1 |" not in md

@@ -1032,7 +1032,7 @@ class Trainer:
         self.history = kept
         for rec in kept:
             if "val_acc" in rec:
-                self._keep_if_best(rec, write=False)
+                self._on_evaluation(rec, write=False)
 
     def _open_run_dir(self, start):
         r = self.cfg["run"]
@@ -1145,7 +1145,7 @@ class Trainer:
     def _emit(self, rec, val):
         if val:
             rec["val_loss"], rec["val_acc"] = val["loss"], val["acc"]
-            self._keep_if_best(rec)
+            self._on_evaluation(rec)
         self.history.append(rec)
         self.metrics_f.write(json.dumps(rec) + "\n")
         self.metrics_f.flush()
@@ -1159,7 +1159,6 @@ class Trainer:
             if "val_acc" in rec:
                 msg += f", val acc {rec['val_acc']:.4f}"
             self.log(msg)
-
 
     def _best_summary(self, summary):
         """summary.json's "best": the block with the best val accuracy, and
@@ -1182,12 +1181,13 @@ class Trainer:
         b["test_loss"], b["test_acc"] = out["loss"], out["acc"]
         return b
 
-    def _keep_if_best(self, rec, write=True):
-        """Master, at each evaluation: a z with higher val accuracy than every
-        earlier one (equal accuracy: lower val loss) is written to
-        RUN/model-best.npz. The evaluated z is the evaluation model's (the
-        consensus has moved on while the evaluation overlapped the next
-        block)."""
+    def _on_evaluation(self, rec, write=True):
+        """Master, at each evaluation (write=False: replaying those of a
+        resumed run): a z with higher val accuracy than every earlier one
+        (equal accuracy: lower val loss) is written to RUN/model-best.npz;
+        the evaluated z is the evaluation model's (the consensus has moved
+        on while the evaluation overlapped the next block). run.early_stop
+        counts the evaluations since the best."""
         b = self.best
         if b is not None and (rec["val_acc"], -rec["val_loss"]) <= (b["val_acc"],
                                                                     -b["val_loss"]):
@@ -1314,11 +1314,13 @@ def config_diff(old, new, show=6):
 
 
 def hashed_config(cfg, legacy=False):
-    """What determines the computation, not operational keys
-    (passes, threads, quiet, eval/checkpoint cadence, run dir, watchdog,
-    cuda_aware, progress_s, time_limit, profile, keep_best, early_stop) nor where the data lives: data.path may move (a
-    copy staged to node-local scratch after a requeue); the manifest's dataset
-    fingerprint says whether it is the same data. legacy: the digest of
+    """What determines the computation (as a dict; run_hash digests it),
+    not operational keys (passes, threads, quiet, eval/checkpoint cadence,
+    run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
+    keep_best, early_stop) nor where the data lives: data.path may move (a
+    copy staged to node-local scratch after a requeue); the manifest's
+    dataset fingerprint says whether it is the same data. Keys added later
+    are left out at their defaults, so older checkpoints keep their digest. legacy: the digest of
     checkpoints written before that (path included, no cuda_aware key),
     still accepted on resume."""
     import copy

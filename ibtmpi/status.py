@@ -118,6 +118,8 @@ def inspect(run_dir):
     elif summary is not None and (not recs or summary.get("blocks") == len(recs)):
         info.update(state="finished", test_acc=summary.get("test_acc"),
                     blocks_total=summary.get("blocks"), wall_s=summary.get("wall_s"))
+        if summary.get("stopped_early"):
+            info["stopped_early"] = summary["stopped_early"]
         b = summary.get("best") or {}
         if "test_acc" in b and b.get("block") != (summary.get("blocks") or 0) - 1:
             info["best_test"] = b
@@ -159,6 +161,8 @@ def describe(info):
         acc = f", test acc {info['test_acc']:.4f}" if info.get("test_acc") is not None else ""
         wall = f" in {hms(info['wall_s'])}" if info.get("wall_s") else ""
         line = f"finished: {prog}{acc}{wall}"
+        if info.get("stopped_early"):
+            line += f" (stopped early: {info['stopped_early']['reason']})"
         bits = []
         b = info.get("best_test")
         if b:

@@ -134,6 +134,16 @@ def test_the_best_evaluation_is_named_when_it_is_not_the_last(small_dataset, tmp
     assert rc == 0
     assert out.rstrip().endswith(f"; model-best.npz (block {b['block']}, val acc "
                                  f"{b['val_acc']:.4f}): test acc {b['test_acc']:.4f}")
+    # with run.early_stop the finished line says why it ended early
+    early = str(tmp_path / "early")
+    assert main(["train", "--simulate", "3"] + train_args(small_dataset, early, 3, **{
+        "algorithm.name": "ma", "run.eval_every": 1, "optim.lr": 0.3,
+        "run.checkpoint_every": 2, "run.early_stop": 2})) == 0
+    e = json.load(open(os.path.join(early, "summary.json")))
+    rc, out, _ = status(capsys, early)
+    n = e["stopped_early"]["after_block"] + 1
+    assert f"finished: {n}/{n} blocks (100%)" in out
+    assert f"(stopped early: {e['stopped_early']['reason']})" in out
     # the same run stopped (no summary, no lock): the best so far, from the metrics
     os.remove(os.path.join(run, "summary.json"))
     rc, out, _ = status(capsys, run)

@@ -295,8 +295,7 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     if t2:
         md += table(t2, f"T2: fixed block of {t2[0].get('block_size', '?')} samples, "
                         f"split = block / N")
-    if any(len([q for q in runs if (q["algorithm"], q["N"]) == (r["algorithm"], r["N"])]) > 1
-           for r in t1):
+    if len(_first_seed(runs)) < len(runs):             # some cell has several seeds
         md += ["Cells with n: mean +- standard deviation over seeds (model.seed = "
                "data.seed = s: another initialisation and another data order).", ""]
     # T3: times from one seed per cell

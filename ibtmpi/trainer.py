@@ -853,6 +853,12 @@ class Trainer:
             f"({'one per step' if self.algo == 'ssgd' else 'one per block'}) of "
             f"{self.send.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB per pass",
             f"  checkpoints: every {every} block(s), {r['keep_checkpoints']} kept; {resume}",
+            "  evaluation: " + (
+                "none (no val split)" if "val" not in ds.splits else
+                f"z on val every {r['eval_every'] or s.blocks_per_pass} block(s)"
+                + ("; the best kept as model-best.npz" if r["keep_best"] else "")
+                + (f"; early stop after {r['early_stop']} evaluations without a better "
+                   f"one" if r["early_stop"] else "")),
             "  " + placement_text(self.placement),
             f"  run.dir: {self.run_dir}: "
             + ("free" if lock is None else f"its lock would be taken over ({lock})"),

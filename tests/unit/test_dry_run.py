@@ -42,6 +42,8 @@ def test_dry_run_plans_the_real_run_and_writes_nothing(small_dataset, tmp_path, 
             "per pass, 3 steps per block; 6 blocks for 1 pass(es)") in out
     assert "6 Allreduce(s) per pass (one per block)" in out
     assert "start from block 0" in out and f"run.dir: {run}: free" in out
+    assert "evaluation: z on val every 6 block(s); the best kept as model-best.npz\n" in out
+    assert "lr: constant 0.02" in out
     # the real run does what the plan said
     assert main(["train", "--simulate", "2"] + sets(small_dataset, run)) == 0
     capsys.readouterr()
@@ -66,7 +68,8 @@ def test_dry_run_fails_where_the_run_would(small_dataset, tmp_path, capsys):
     # another configuration in the same directory
     assert main(["train", "--dry-run", "--simulate", "2"]
                 + sets(small_dataset, run, **{"optim.lr": 0.5})) == 2
-    assert "written by another configuration" in capsys.readouterr().err
+    assert ("written by another configuration (optim.lr: 0.02 in the checkpoint, 0.5 "
+            "now)") in capsys.readouterr().err
     # another worker count
     assert main(["train", "--dry-run", "--simulate", "3"] + sets(small_dataset, run)) == 2
     assert "was written by 2 worker(s)" in capsys.readouterr().err

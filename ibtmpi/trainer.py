@@ -399,6 +399,8 @@ class Trainer:
         gsum = self._send_d[:P] if self.gpu_buffers else send[:P]
         self._at("compute")
         for s in range(steps):
+            # ssgd: each step is a synchronous update, the schedule runs per step
+            self.opt.lr = self.lr_at(k, s / steps, 1.0 / steps)
             send.fill(0)
             gsum.fill(0)
             self._mark_flags()
@@ -424,7 +426,8 @@ class Trainer:
             tot += recv[P:self.F0]
         self.z[...] = self._host(w0)
         recv[P:self.F0] = tot
-        return p, b, {"primal": 0.0, "dual": 0.0, "rho": 0.0}
+        return p, b, {"primal": 0.0, "dual": 0.0, "rho": 0.0,
+                      "lr": self.lr_at(k, 0.0, 1.0 / steps)}     # its first step's
 
     def _warmup(self, steps):
         """`steps` ssgd steps (gradient Allreduce per step) on each worker's
@@ -947,7 +950,7 @@ class Trainer:
         try:
             for k in range(start, self.total_blocks):
                 self.block = k
-                self.opt.lr = lr = self.lr_at(k)
+                self.opt.lr = self.lr_at(k)
                 t0 = time.perf_counter()
                 p, b, diag = step_fn(k, self._work)
                 self._finish_eval()     # whatever the wait did not finish
@@ -962,7 +965,8 @@ class Trainer:
                        "N": n, "train_loss": loss_sum / max(cnt, 1),
                        "train_acc": corr / max(cnt, 1), "samples": int(cnt),
                        "primal_residual": diag["primal"], "dual_residual": diag["dual"],
-                       "rho": diag["rho"], "lr": lr, "wall_s": wall,
+                       "rho": diag["rho"], "lr": diag.get("lr", self.opt.lr),
+                       "wall_s": wall,
                        "compute_max_s": float(comp.max()),
                        "compute_mean_s": float(comp.mean()),
                        "data_wait_max_s": float(wait.max()),

@@ -59,6 +59,32 @@ def test_warmup_ramps_linearly_then_hands_over(kind):
     assert "warm-up over 4 block(s)" in s.describe()
 
 
+def test_a_position_inside_a_block_refines_the_warmup():
+    """ssgd asks per step (k + s/S, unit 1/S): the warm-up ramps over steps,
+    even where a pass is one block."""
+    s = LrSchedule(opts(lr=0.1, warmup_passes=1.0), blocks_per_pass=1, passes=3)
+    assert s(0) == 0.1                                  # per block: no ramp at all
+    S = 4
+    got = [s(k, i / S, 1 / S) for k in range(2) for i in range(S)]
+    assert got == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1, 0.1, 0.1])
+    c = LrSchedule(opts(lr=0.1, schedule="cosine"), blocks_per_pass=1, passes=2)
+    assert c(0, 0.5, 0.25) == pytest.approx(0.1 * (1 + math.cos(math.pi / 4)) / 2)
+
+
+def test_ssgd_changes_the_rate_every_step(small_dataset, tmp_path):
+    t = Trainer(cfg(small_dataset, tmp_path / "s", "ssgd",
+                    **{"optim.warmup_passes": 0.5, "optim.lr": 0.06}), log=lambda m: None)
+    seen = []
+    step = t.opt.step
+    t.opt.step = lambda g: (seen.append(t.opt.lr), step(g))
+    t.run()
+    S, W = t.sched.steps_in_block(0), 0.5 * t.sched.blocks_per_pass
+    assert S > 1 and len(seen) == S * t.total_blocks
+    want = [0.06 * min(1.0, (k + (i + 1) / S) / W) for k in range(t.total_blocks)
+            for i in range(S)]
+    assert seen == pytest.approx(want, rel=1e-12)
+
+
 @pytest.mark.parametrize("sets,msg", [
     (["optim.schedule=cosin"], "did you mean 'cosine'"),
     (["optim.milestones=[10]"], "milestones is set but optim.schedule is not 'step'"),
@@ -92,7 +118,8 @@ def test_the_trainer_uses_the_schedule_block_by_block(small_dataset, tmp_path, a
     t = Trainer(cfg(small_dataset, tmp_path / "a", algo, **COSINE), log=logs.append)
     t.run()
     recs = [json.loads(line) for line in open(tmp_path / "a" / "metrics.jsonl")]
-    assert [r["lr"] for r in recs] == [t.lr_at(k) for k in range(t.total_blocks)]
+    unit = 1.0 / t.sched.steps_in_block(0) if algo == "ssgd" else 1.0
+    assert [r["lr"] for r in recs] == [t.lr_at(k, 0.0, unit) for k in range(t.total_blocks)]
     assert recs[0]["lr"] < recs[1]["lr"] and recs[-1]["lr"] < 0.05 / 2
     assert any(m.startswith("lr schedule: cosine 0.05 -> 0") for m in logs)
     # and the rate reaches the optimizer: a constant run at 0.05 differs

@@ -3,6 +3,10 @@
 # collects them with `ibtmpi bench report` when all have ended.
 #   bash slurm/sweep.sh examples/paper25k.toml [TEMPLATE] [--set k=v ...]
 # TEMPLATE defaults to slurm/cpu.sbatch (slurm/gpu-node.sbatch for GPUs).
+# IBTMPI_SWEEP_NS (default "1 2 4 8 16 32") picks the worker counts;
+# IBTMPI_SWEEP_SEEDS=S (default 1) queues each N with S seeds (model.seed =
+# data.seed = 0..S-1, as `ibtmpi bench run --seeds`), so the report gives
+# mean +- sd per cell; IBTMPI_SWEEP_DIR the output directory.
 set -euo pipefail
 CONFIG=${1:?usage: slurm/sweep.sh CONFIG.toml [TEMPLATE] [--set k=v ...]}
 shift
@@ -10,6 +14,12 @@ TEMPLATE=slurm/cpu.sbatch
 if [ $# -gt 0 ] && [ -f "$1" ]; then TEMPLATE=$1; shift; fi
 OUT=${IBTMPI_SWEEP_DIR:-runs/sweep}
 VENV=${IBTMPI_VENV:-$PWD/.venv}
+SEEDS=${IBTMPI_SWEEP_SEEDS:-1}
+if [[ ! "$SEEDS" =~ ^[0-9]+$ ]] || ((10#$SEEDS < 1)); then
+    echo "sweep: IBTMPI_SWEEP_SEEDS must be a whole number >= 1, got '$SEEDS'" >&2
+    exit 2
+fi
+SEEDS=$((10#$SEEDS))
 # the configuration and the data checked once, here, before anything is
 # queued (a dry run with 2 simulated workers; IBTMPI_SWEEP_CHECK=0 skips it)
 if [ "${IBTMPI_SWEEP_CHECK:-1}" = 1 ]; then
@@ -25,13 +35,20 @@ fi
 mkdir -p "$OUT"
 ids=()
 for n in ${IBTMPI_SWEEP_NS:-1 2 4 8 16 32}; do
-    algo_args=()
-    [ "$n" -eq 1 ] && algo_args=(--set algorithm.name=sgd)
-    id=$(sbatch --parsable --ntasks=$((n == 1 ? 1 : n + 1)) --job-name="ibtmpi-n$n" \
-         --output="$OUT/n$n-%j.out" "$TEMPLATE" "$CONFIG" \
-         --set run.dir="$OUT/t1-n$n" "${algo_args[@]}" "$@")
-    echo "N=$n: job $id"
-    ids+=("$id")
+    for ((s = 0; s < SEEDS; s++)); do
+        algo_args=()
+        [ "$n" -eq 1 ] && algo_args=(--set algorithm.name=sgd)
+        name="t1-n$n"
+        if [ "$s" -gt 0 ]; then                  # seed 0 keeps the config's seeds
+            name="$name-s$s"
+            algo_args+=(--set model.seed=$s --set data.seed=$s)
+        fi
+        id=$(sbatch --parsable --ntasks=$((n == 1 ? 1 : n + 1)) --job-name="ibtmpi-n$n" \
+             --output="$OUT/$name-%j.out" "$TEMPLATE" "$CONFIG" \
+             --set run.dir="$OUT/$name" "${algo_args[@]}" "$@")
+        echo "N=$n${name#t1-n$n}: job $id"
+        ids+=("$id")
+    done
 done
 dep=$(IFS=:; echo "${ids[*]}")
 sbatch --dependency=afterany:"$dep" --ntasks=1 --job-name=ibtmpi-report \

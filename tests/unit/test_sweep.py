@@ -42,3 +42,21 @@ def test_a_good_configuration_queues_each_n_then_the_report(small_dataset, tmp_p
     assert calls[2].startswith("--dependency=afterany:11:12 ")
     assert not os.path.exists(tmp_path / "out" / "t1-n1")      # the check wrote nothing there
     assert f"progress: {VENV}/bin/ibtmpi status {tmp_path / 'out'}/t1-n*" in r.stdout
+
+
+def test_seeds_queue_each_n_per_seed(small_dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("IBTMPI_SWEEP_SEEDS", "2")
+    r, calls = sweep(tmp_path, "--set", f"data.path={small_dataset}")
+    assert r.returncode == 0, r.stderr
+    assert len(calls) == 5, calls                      # N = 1, 2 x seeds 0, 1 + report
+    out = tmp_path / "out"
+    assert f"run.dir={out}/t1-n1 " in calls[0] and "model.seed" not in calls[0]
+    assert (f"run.dir={out}/t1-n1-s1 --set algorithm.name=sgd --set model.seed=1 "
+            f"--set data.seed=1") in calls[1]
+    assert f"run.dir={out}/t1-n2-s1 --set model.seed=1 --set data.seed=1" in calls[3]
+    assert calls[4].startswith("--dependency=afterany:11:12:13:14 ")
+    monkeypatch.setenv("IBTMPI_SWEEP_SEEDS", "two")
+    (tmp_path / "x").mkdir()
+    r, calls = sweep(tmp_path / "x", "--set", f"data.path={small_dataset}")
+    assert r.returncode == 2 and "IBTMPI_SWEEP_SEEDS must be a whole number" in r.stderr
+    assert calls == []

@@ -1316,6 +1316,11 @@ def config_diff(old, new, show=6):
         return {f"{s}.{k}": v for s, t in c.items() for k, v in t.items()}
     a, b = flat(old), flat(new)
     absent = "(not set)"
+    for key in set(a) ^ set(b):        # left out at its default (hashed_config)
+        sec, k = key.split(".", 1)
+        if k in DEFAULTS.get(sec, {}):
+            a.setdefault(key, DEFAULTS[sec][k])
+            b.setdefault(key, DEFAULTS[sec][k])
     diffs = [f"{key}: {json.dumps(a.get(key, absent))} in the checkpoint, "
              f"{json.dumps(b.get(key, absent))} now"
              for key in sorted(set(a) | set(b)) if a.get(key, absent) != b.get(key, absent)]

@@ -170,6 +170,11 @@ def test_another_configuration_is_refused_naming_what_differs(small_dataset, tmp
                        r"checkpoint, 4.0 now"):
         Trainer(cfg(small_dataset, tmp_path / "r", **{**COSINE, "run.passes": 4}),
                 log=lambda m: None).run()
+    # a key left out of the digest at its default is shown with that default
+    with pytest.raises(ckpt.CheckpointError, match=r'optim.final_ratio: 0.0 in the '
+                       r'checkpoint, 0.1 now\)'):
+        Trainer(cfg(small_dataset, tmp_path / "r", **{**COSINE, "optim.final_ratio": 0.1}),
+                log=lambda m: None).run()
     # with the horizon pinned, the run extends
     logs = []
     Trainer(cfg(small_dataset, tmp_path / "r",

@@ -64,7 +64,7 @@ DEFAULTS = {
         "weight_decay": 5e-4,
         "nesterov": False,
         "reset_momentum": True,  # zero the local momentum after every sync
-        "schedule": "constant",  # constant | step | cosine: lr per block
+        "schedule": "constant",  # constant | step | cosine: lr per block (ssgd: per step)
         "milestones": [],        # step: passes at which lr is multiplied by gamma
         "gamma": 0.1,            # step: the factor
         "decay_passes": 0.0,     # cosine: passes to decay over; 0: run.passes

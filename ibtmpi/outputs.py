@@ -245,9 +245,10 @@ def plot_run(run_dir, out_dir=None):
     if ev:
         ax2.plot([e[0] for e in ev], [e[1]["val_acc"] for e in ev], "o-", color="C1",
                  label="validation accuracy")
-        best = max(ev, key=lambda e: (e[1]["val_acc"], -e[1]["val_loss"]))
+        from .status import eval_rank
+        best = max(ev, key=lambda e: eval_rank(e[1]))
         ax2.plot([best[0]], [best[1]["val_acc"]], "*", color="C3", markersize=12,
-                 label=f"best {best[1]['val_acc']:.4f} (model-best.npz)")
+                 label=f"best {best[1]['val_acc']:.4f}")
         ax2.set_ylabel("validation accuracy")
         ax2.set_ylim(0, 1)
     _twin_legend(ax, ax2, "center right")

@@ -35,6 +35,12 @@ def _metrics(run_dir):
 SLOW_RATIO = 1.25         # a block's slowest worker straggles at this x its median
 
 
+def eval_rank(rec):
+    """How evaluations compare (larger is better): val accuracy, then lower
+    val loss. One rule for model-best.npz, early stopping, status and plot."""
+    return rec["val_acc"], -rec.get("val_loss", 0.0)
+
+
 def slow_worker(comp, ratio=SLOW_RATIO):
     """(worker, its compute / the median worker's) when the slowest of
     `comp` (compute seconds per worker) took at least `ratio` times the
@@ -91,7 +97,7 @@ def inspect(run_dir):
         vals = [r for r in recs if "val_acc" in r]
         if vals:
             info["val_acc"] = vals[-1]["val_acc"]
-            best = max(vals, key=lambda r: (r["val_acc"], -r.get("val_loss", 0.0)))
+            best = max(vals, key=eval_rank)
             if best is not vals[-1] and best["val_acc"] > vals[-1]["val_acc"]:
                 info["best"] = {"block": best["block"], "val_acc": best["val_acc"]}
         recent = [r["wall_s"] for r in recs[-10:] if "wall_s" in r]

@@ -28,7 +28,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import runlock
-from .status import hms, slow_worker
+from .status import eval_rank, hms, slow_worker
 from .config import DEFAULTS, ConfigError, digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
@@ -1199,8 +1199,7 @@ class Trainer:
         on while the evaluation overlapped the next block). run.early_stop
         counts the evaluations since the best."""
         b = self.best
-        if b is not None and (rec["val_acc"], -rec["val_loss"]) <= (b["val_acc"],
-                                                                    -b["val_loss"]):
+        if b is not None and eval_rank(rec) <= eval_rank(b):
             self.since_best += 1
             p = self.cfg["run"]["early_stop"]
             if p and self.since_best >= p and self.early is None:

@@ -90,6 +90,8 @@ DEFAULTS = {
         "keep_best": True,       # RUN/model-best.npz: the z with the best val accuracy
         "early_stop": 0,         # stop after this many evaluations without a better
                                  # val accuracy; 0: off
+        "early_stop_delta": 0.0, # early_stop: better means val accuracy up by more
+                                 # than this (0: any better evaluation)
     },
 }
 
@@ -248,6 +250,10 @@ def validate(cfg):
         (r["passes"] > 0, "run.passes must be > 0"),
         (r["eval_every"] >= 0, "run.eval_every must be >= 0"),
         (r["early_stop"] >= 0, "run.early_stop must be >= 0 (0: off)"),
+        (0 <= r["early_stop_delta"] < 1,
+         "run.early_stop_delta must be in [0, 1) (a val accuracy difference)"),
+        (not r["early_stop_delta"] or r["early_stop"],
+         "run.early_stop_delta is set but run.early_stop is 0 (off)"),
         (r["simulate"] >= 0, "run.simulate must be >= 0"),
         (r["checkpoint_every"] >= 0, "run.checkpoint_every must be >= 0"),
         (r["keep_checkpoints"] >= 1, "run.keep_checkpoints must be >= 1"),

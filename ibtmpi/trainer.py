@@ -154,7 +154,8 @@ class Trainer:
         self.metrics_f = None
         self.history = []
         self.best = None                 # master: the best evaluation so far
-        self.since_best = 0              # master: evaluations since then
+        self.ref = None                  # master: early stop's reference evaluation
+        self.since_ref = 0               # master: evaluations since then
         self.block, self.phase = -1, "setup"
         self.stop_requested = False
         self.stop_agreed = False
@@ -861,7 +862,8 @@ class Trainer:
                 f"z on val every {r['eval_every'] or s.blocks_per_pass} block(s)"
                 + ("; the best kept as model-best.npz" if r["keep_best"] else "")
                 + (f"; early stop after {r['early_stop']} evaluations without a better "
-                   f"one" if r["early_stop"] else "")),
+                   f"one" + (f" (val accuracy up by more than {r['early_stop_delta']:g})"
+                             if r["early_stop_delta"] else "") if r["early_stop"] else "")),
             "  " + placement_text(self.placement),
             f"  run.dir: {self.run_dir}: "
             + ("free" if lock is None else f"its lock would be taken over ({lock})"),
@@ -1197,24 +1199,32 @@ class Trainer:
         (equal accuracy: lower val loss) is written to RUN/model-best.npz;
         the evaluated z is the evaluation model's (the consensus has moved
         on while the evaluation overlapped the next block). run.early_stop
-        counts the evaluations since the best."""
+        counts the evaluations since the last one that was better than its
+        reference: the same order, or with run.early_stop_delta = d a val
+        accuracy higher by more than d (the reference is then the last
+        evaluation that was: small gains add up until together they clear d)."""
+        r = self.cfg["run"]
         b = self.best
-        if b is not None and eval_rank(rec) <= eval_rank(b):
-            self.since_best += 1
-            p = self.cfg["run"]["early_stop"]
-            if p and self.since_best >= p and self.early is None:
-                # this evaluation may end while block k+1 runs, after k+1's
-                # flags went out: the stop rides on block k+2's flags, in every
-                # run alike (MPI, simulation, resumed), so it ends after k+2
-                self.early = (rec["block"] + 2,
-                              f"no better val accuracy than {b['val_acc']:.4f} (block "
-                              f"{b['block']}) in {p} evaluations")
+        if b is None or eval_rank(rec) > eval_rank(b):
+            self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
+            if write and r["keep_best"]:
+                save_model(os.path.join(self.run_dir, BEST), self.eval_model.params,
+                           self.model, self.ds, self.cfg)
+        d, ref = r["early_stop_delta"], self.ref
+        if ref is None or (rec["val_acc"] > ref["val_acc"] + d if d else
+                           eval_rank(rec) > eval_rank(ref)):
+            self.ref, self.since_ref = rec, 0
             return
-        self.since_best = 0
-        self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
-        if write and self.cfg["run"]["keep_best"]:
-            save_model(os.path.join(self.run_dir, BEST), self.eval_model.params,
-                       self.model, self.ds, self.cfg)
+        self.since_ref += 1
+        p = r["early_stop"]
+        if p and self.since_ref >= p and self.early is None:
+            # this evaluation may end while block k+1 runs, after k+1's
+            # flags went out: the stop rides on block k+2's flags, in every
+            # run alike (MPI, simulation, resumed), so it ends after k+2
+            than = (f"above {ref['val_acc']:.4f} + {d:g}" if d else
+                    f"better than {ref['val_acc']:.4f}")
+            self.early = (rec["block"] + 2, f"no val accuracy {than} (block "
+                          f"{ref['block']}) in {p} evaluations")
 
 
 class Progress:
@@ -1331,7 +1341,7 @@ def hashed_config(cfg, legacy=False):
     """What determines the computation (as a dict; run_hash digests it),
     not operational keys (passes, threads, quiet, eval/checkpoint cadence,
     run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
-    keep_best, early_stop) nor where the data lives: data.path may move (a
+    keep_best, early_stop, early_stop_delta) nor where the data lives: data.path may move (a
     copy staged to node-local scratch after a requeue); the manifest's
     dataset fingerprint says whether it is the same data. Keys added later
     are left out at their defaults, so older checkpoints keep their digest. legacy: the digest of
@@ -1342,7 +1352,7 @@ def hashed_config(cfg, legacy=False):
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
-                "early_stop"):
+                "early_stop", "early_stop_delta"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
     o = c["optim"]

@@ -4,6 +4,7 @@ summary.json says which block it was and its test accuracy; a resumed run
 keeps the same best as an uninterrupted one."""
 import json
 import os
+import re
 
 import pytest
 
@@ -82,20 +83,23 @@ def test_keep_best_off_writes_no_file_and_a_fresh_start_drops_a_stale_one(
     assert run_hash(t.cfg) == run_hash(cfg(small_dataset, d))
 
 
-def expected_stop(recs, patience):
+def expected_stop(recs, patience, delta=0.0, ref=False):
     """The block an early-stopping run ends after, replayed from the metrics
     of the same run without it: the evaluation at block k that makes
-    `patience` evaluations without a better one stops the run after k + 2."""
-    best, since = None, 0
+    `patience` evaluations without a better one stops the run after k + 2.
+    Better: higher (val_acc, -val_loss); with delta > 0, a val accuracy
+    above the last better evaluation's by more than delta. ref=True: also
+    that evaluation."""
+    last, since = None, 0
     for r in recs:
-        key = (r["val_acc"], -r["val_loss"])
-        if best is not None and key <= best:
-            since += 1
-            if since >= patience:
-                return r["block"] + 2
-        else:
-            best, since = key, 0
-    return None
+        if last is None or (r["val_acc"] > last["val_acc"] + delta if delta else
+                            (r["val_acc"], -r["val_loss"]) > (last["val_acc"], -last["val_loss"])):
+            last, since = r, 0
+            continue
+        since += 1
+        if since >= patience:
+            return (r["block"] + 2, last) if ref else r["block"] + 2
+    return (None, None) if ref else None
 
 
 def test_early_stop_ends_after_the_block_the_rule_names(small_dataset, tmp_path, monkeypatch):
@@ -111,7 +115,7 @@ def test_early_stop_ends_after_the_block_the_rule_names(small_dataset, tmp_path,
     got = [json.loads(line) for line in open(tmp_path / "e" / "metrics.jsonl")]
     assert [r["block"] for r in got] == list(range(stop + 1))
     assert [r["val_acc"] for r in got] == [r["val_acc"] for r in recs[:stop + 1]]
-    assert any(m.startswith("early stop (run.early_stop): no better val accuracy")
+    assert any(m.startswith("early stop (run.early_stop): no val accuracy better than")
                for m in logs)
     # its z is that of a run told to train exactly stop + 1 blocks
     bpp = t.sched.blocks_per_pass
@@ -148,3 +152,56 @@ def test_early_stop_ends_after_the_block_the_rule_names(small_dataset, tmp_path,
     s2 = again.run()
     assert s2["stopped_early"] == s["stopped_early"] and s2["test_acc"] == s["test_acc"]
     assert again.z.tobytes() == t.z.tobytes()
+
+
+def test_early_stop_delta_needs_a_real_gain_and_leaves_the_best_model_alone(
+        small_dataset, tmp_path):
+    # lr 0.05, 4 passes: val accuracy climbs slowly with small ups and downs
+    slow = {"optim.lr": 0.05, "run.passes": 4}
+    full = Trainer(cfg(small_dataset, tmp_path / "full", **slow), log=lambda m: None)
+    full.run()
+    recs = [json.loads(line) for line in open(tmp_path / "full" / "metrics.jsonl")]
+    patience = 3
+
+    def case(delta):
+        """(stop, the best evaluation up to it) where the stop comes before
+        the end, differs from delta = 0's, and the best is not the
+        reference the delta rule kept: a gain below delta updated
+        model-best.npz but did not reset the count"""
+        stop, ref = expected_stop(recs, patience, delta, ref=True)
+        if stop is None or stop + 1 >= full.total_blocks or stop == expected_stop(recs, patience):
+            return None
+        best = max(recs[:stop - 1], key=lambda r: (r["val_acc"], -r["val_loss"]))
+        return (stop, best) if best["block"] != ref["block"] else None
+
+    # accuracies are multiples of 1 / n: deltas between them, no ties
+    n = len(Dataset(small_dataset).split("val").labels)
+    found = [((k + 0.5) / n, case((k + 0.5) / n)) for k in range(8) if case((k + 0.5) / n)]
+    assert found, f"no delta separates the rules on these accuracies: {[r['val_acc'] for r in recs]}"
+    delta, (stop, best) = found[0]
+    logs = []
+    t = Trainer(cfg(small_dataset, tmp_path / "e", **slow, **{
+        "run.early_stop": patience, "run.early_stop_delta": delta}), log=logs.append)
+    s = t.run()
+    assert s["stopped_early"]["after_block"] == stop and s["blocks"] == stop + 1
+    assert any(f"+ {delta:g} (block" in m for m in logs)
+    # model-best.npz follows every better evaluation, gains below delta too
+    assert s["best"]["block"] == best["block"]
+    loss, acc = reevaluate(tmp_path / "e" / BEST, small_dataset, "val")
+    assert acc == best["val_acc"] and loss == pytest.approx(best["val_loss"], rel=1e-6)
+
+    # nothing clears 0.99: the first evaluation stays the reference
+    t = Trainer(cfg(small_dataset, tmp_path / "h", **slow, **{
+        "run.early_stop": patience, "run.early_stop_delta": 0.99}), log=lambda m: None)
+    assert t.run()["stopped_early"]["after_block"] == recs[patience]["block"] + 2
+
+
+@pytest.mark.parametrize("sets, msg", [
+    ({"run.early_stop": 2, "run.early_stop_delta": 1.0}, "must be in [0, 1)"),
+    ({"run.early_stop": 2, "run.early_stop_delta": -0.1}, "must be in [0, 1)"),
+    ({"run.early_stop_delta": 0.01}, "run.early_stop is 0"),
+])
+def test_early_stop_delta_errors(small_dataset, tmp_path, sets, msg):
+    from ibtmpi.config import ConfigError
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        cfg(small_dataset, tmp_path, **sets)

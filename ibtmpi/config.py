@@ -92,6 +92,7 @@ DEFAULTS = {
                                  # val accuracy; 0: off
         "early_stop_delta": 0.0, # early_stop: better means val accuracy up by more
                                  # than this (0: any better evaluation)
+        "timeline": False,       # RUN/timeline.json: every rank's phases (Chrome trace)
     },
 }
 

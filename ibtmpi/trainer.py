@@ -36,6 +36,7 @@ from .loader import WorkerData
 from .model import Model
 from .optim import SGD, LrSchedule
 from .schedule import Schedule, split_size_for
+from . import timeline
 
 NS = 6                      # scalar slots: loss_sum, n, correct, q, (2 reserved)
 FLAG_STOP, FLAG_NONFINITE, FLAG_CKPT, FLAG_EARLY = 1, 2, 4, 8
@@ -161,6 +162,8 @@ class Trainer:
         self.stop_agreed = False
         self.early = None                # master: (block, reason) of run.early_stop
         self.early_agreed = False        # every rank: stop after this block
+        self.tl = timeline.Off()         # run.timeline: this rank's trace events
+        self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]
         self.stop_reason = "a signal"
         # only the master watches the clock; the flags carry its stop to all
         self.deadline, self.deadline_src = (resolve_deadline(r["time_limit"])
@@ -265,6 +268,7 @@ class Trainer:
             t0 = time.perf_counter()
             mbs = self.loaders[i].block(p, b)
             t1 = time.perf_counter()
+            self.tl.span("data", t0, t1, 1 + i, block=k)
             self._at("compute")
             if self.fault and self.fault == (self.rank, k, "hang"):
                 time.sleep(3600)                   # injected hang (watchdog tests)
@@ -294,6 +298,7 @@ class Trainer:
                 vec += tmp
             self._swap_out(i)
             t2 = time.perf_counter()
+            self.tl.span("compute", t1, t2, 1 + i, block=k)
             send[P:P + 4] += np.array([loss_sum, cnt, corr, q], np.float32)
             send[P + NS + i] = t2 - t1
             send[P + NS + n + i] = t1 - t0
@@ -301,11 +306,15 @@ class Trainer:
                     and np.isfinite(out).all()):
                 send[self.F0 + 1 + i] += FLAG_NONFINITE
         self._at("allreduce")
+        t3 = time.perf_counter()
         S = self._reduce_packed(work, k)
+        t4 = time.perf_counter()
+        self.tl.span("allreduce", t3, t4, self._lane, block=k)
         self._check_flags(k)
         diag = self.cons.update(S, float(recv[P + 3]))
         for i in self.local:
             self.cons.worker_end(self.states[i], None)
+        self.tl.span("consensus", t4, time.perf_counter(), self._lane, block=k)
         return p, b, diag
 
     def _reduce_packed(self, work, k):
@@ -394,7 +403,9 @@ class Trainer:
         for i in self.local:
             t0 = time.perf_counter()
             data[i] = self.loaders[i].block(p, b)
-            t_data[i] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            t_data[i] = t1 - t0
+            self.tl.span("data", t0, t1, 1 + i, block=k)
         tot = np.zeros(NS + 2 * n, np.float64)
         w0 = self.model.params
         gsum = self._send_d[:P] if self.gpu_buffers else send[:P]
@@ -413,13 +424,17 @@ class Trainer:
                     g = self.model.grads
                     gsum += g if self.gpu_buffers else self._host(g)
                     send[P:P + 3] += np.array([loss * len(y), len(y), c], np.float32)
-                send[P + NS + i] += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                send[P + NS + i] += t1 - t0
+                self.tl.span("compute", t0, t1, 1 + i, block=k, step=s)
                 if s == 0:
                     send[P + NS + n + i] = t_data[i]
                 if len(y) and not math.isfinite(loss):
                     send[self.F0 + 1 + i] += FLAG_NONFINITE
             self._at("allreduce")
+            t0 = time.perf_counter()
             S = self._reduce_packed(work, k)
+            self.tl.span("allreduce", t0, time.perf_counter(), self._lane, block=k, step=s)
             self._check_flags(k)
             g = S * np.float32(1.0 / n)
             # same averaged gradient on every rank
@@ -773,9 +788,11 @@ class Trainer:
         evaluation. Returns False when there is nothing to do."""
         if self._pending_eval is None:
             return False
-        c0 = time.process_time()
+        c0, t0 = time.process_time(), time.perf_counter()
         try:
             next(self._pending_eval[1])
+            self.tl.span("evaluation", t0, time.perf_counter(), 0,
+                         block=self._pending_eval[0]["block"])
             return True
         except StopIteration:
             self._emit(self._pending_eval[0], self._pending_eval[2])
@@ -783,6 +800,19 @@ class Trainer:
             return False
         finally:
             self.eval_cpu += time.process_time() - c0
+
+    def _end_timeline(self, sync):
+        """run.timeline: every rank closes its file before `sync` (a
+        collective), so the master merges complete files after it, also
+        across nodes on NFS (close-to-open)."""
+        self.tl.close()
+        sync()
+        if self.is_master and isinstance(self.tl, timeline.Timeline):
+            world = 1 if self.simulate else mpi.world_size()
+            path, n = timeline.merge(self.run_dir, world, {"run_dir": self.run_dir,
+                                                           "algorithm": self.algo})
+            self.log(f"timeline: {path} ({n} spans; open in https://ui.perfetto.dev "
+                     f"or chrome://tracing)")
 
     def _finish_eval(self):
         if self._pending_eval is not None:
@@ -948,6 +978,12 @@ class Trainer:
         if cfg["algorithm"]["warmup_steps"] and self.algo != "ssgd" and not start:
             self.opt.lr = self.lr_at(0)
             self._warmup(cfg["algorithm"]["warmup_steps"])
+        if r["timeline"] and not done:
+            role = "master" if self.is_master else f"worker {self.local[0]}"
+            self.tl = timeline.Timeline(
+                self.run_dir, self.rank, f"rank {self.rank} ({role})",
+                {**({0: "master"} if self.is_master else {}),
+                 **{1 + i: f"worker {i}" for i in self.local}})
         old = _install_stop_handlers(self)
         try:
             for k in range(start, self.total_blocks):
@@ -1008,16 +1044,20 @@ class Trainer:
                     self._finish_eval()            # metrics line k before checkpoint k
                     tc = time.perf_counter()
                     self._checkpoint(k)
-                    self._ckpt_s = max(self._ckpt_s, time.perf_counter() - tc)
+                    t1 = time.perf_counter()
+                    self._ckpt_s = max(self._ckpt_s, t1 - tc)
+                    self.tl.span("checkpoint", tc, t1, self._lane, block=k)
+                self.tl.flush()
                 if self.early_agreed:
                     break
                 if self.stop_agreed and not last:
-                    self._final_sync()
+                    self._end_timeline(self._final_sync)
                     raise Preempted(f"stopped by {self.stop_reason} after block {k}; "
                                     f"checkpoint {ckpt.ckpt_dir(self.run_dir, k)} written; "
                                     f"run the same command again to resume")
-            self._final_sync()
+            self._end_timeline(self._final_sync)
         finally:
+            self.tl.close()
             _restore_handlers(old)
             if bar is not None:
                 bar.close()
@@ -1341,18 +1381,19 @@ def hashed_config(cfg, legacy=False):
     """What determines the computation (as a dict; run_hash digests it),
     not operational keys (passes, threads, quiet, eval/checkpoint cadence,
     run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
-    keep_best, early_stop, early_stop_delta) nor where the data lives: data.path may move (a
-    copy staged to node-local scratch after a requeue); the manifest's
-    dataset fingerprint says whether it is the same data. Keys added later
-    are left out at their defaults, so older checkpoints keep their digest. legacy: the digest of
-    checkpoints written before that (path included, no cuda_aware key),
-    still accepted on resume."""
+    timeline, keep_best, early_stop, early_stop_delta) nor where the data
+    lives: data.path may move (a copy staged to node-local scratch after a
+    requeue); the manifest's dataset fingerprint says whether it is the
+    same data. Keys added later are left out at their defaults, so older
+    checkpoints keep their digest. legacy: the digest of checkpoints
+    written before that (path included, no cuda_aware key), still accepted
+    on resume."""
     import copy
     c = copy.deepcopy(cfg)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
-                "early_stop", "early_stop_delta"):
+                "early_stop", "early_stop_delta", "timeline"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
     o = c["optim"]

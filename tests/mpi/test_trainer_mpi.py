@@ -2,6 +2,7 @@
 hold bitwise-identical z, and z equals the in-process simulation of the
 same N workers to 1e-6; one Allreduce per block."""
 import hashlib
+import json
 import os
 import tempfile
 
@@ -284,4 +285,36 @@ def test_early_stop_under_mpi_ends_where_its_simulation_ends(dataset, overlap):
         # lr 0.3 amplifies the Allreduce's summation order (1.5e-5 seen at
         # N = 3); the tests at the default lr hold 1e-6
         assert float(np.abs(sim.z - t.z).max()) <= 1e-4 * max(1.0, float(np.abs(sim.z).max()))
+    on_master(check)
+
+
+def test_timeline_has_every_rank_and_matches_the_metrics(dataset):
+    """run.timeline under MPI: one trace process per rank; each worker's
+    compute spans are its compute_s in metrics.jsonl; the master's
+    Allreduce of a block ends after every worker's compute of it (clocks
+    of processes on one node agree to far under the 2 ms allowed)."""
+    n_workers = W.Get_size() - 1
+    t = Trainer(make_cfg(dataset, "ibt", extra=("run.timeline=true", "run.eval_every=1")),
+                log=lambda m: None)
+    t.run()
+
+    def check():
+        doc = json.load(open(os.path.join(t.run_dir, "timeline.json")))
+        ev = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+        assert {e["pid"] for e in ev} == set(range(W.Get_size()))
+        recs = [json.loads(line) for line in open(os.path.join(t.run_dir, "metrics.jsonl"))]
+        assert len(recs) == t.total_blocks
+        for rec in recs:
+            k = rec["block"]
+            red = [e for e in ev if e["pid"] == 0 and e["name"] == "allreduce"
+                   and e["args"]["block"] == k]
+            assert len(red) == 1
+            for i in range(n_workers):
+                comp = [e for e in ev if e["pid"] == 1 + i and e["tid"] == 1 + i
+                        and e["name"] == "compute" and e["args"]["block"] == k]
+                assert len(comp) == 1
+                assert comp[0]["dur"] * 1e-6 == pytest.approx(rec["compute_s"][i], abs=3e-6)
+                assert red[0]["ts"] + red[0]["dur"] >= comp[0]["ts"] + comp[0]["dur"] - 2000
+        evals = {e["args"]["block"] for e in ev if e["name"] == "evaluation"}
+        assert evals <= {r["block"] for r in recs} and evals
     on_master(check)

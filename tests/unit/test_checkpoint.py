@@ -150,7 +150,7 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
-                "early_stop", "early_stop_delta"):
+                "early_stop", "early_stop_delta", "timeline"):
         old["run"].pop(key)
     old["model"].pop("init")          # nor model.init
     for key in LR_KEYS:               # nor the learning-rate schedule

@@ -1,0 +1,110 @@
+"""run.timeline: what every rank did when, as Chrome trace events.
+
+Each rank streams its own RUN/timeline/rank-RRRRR.json (the trace event
+format's JSON array form, whose closing bracket is optional, so the file of
+a rank that failed mid-run still opens in chrome://tracing or Perfetto) and
+flushes it once per block. At the end of a run the master merges the files
+into RUN/timeline.json, one process per rank and one lane per worker:
+
+  data         the worker's wait for its block's minibatches
+  compute      its local steps (ssgd: one span per step)
+  allreduce    the block's Allreduce, waiting for the slowest worker included
+  consensus    the consensus update that follows it
+  evaluation   one batch of the master's evaluation of z (nested in its
+               allreduce span when it overlapped the wait)
+  checkpoint   this rank's checkpoint file
+
+Times are perf_counter readings moved onto the wall clock once per process,
+so ranks on one node line up to well under a millisecond and ranks on
+different nodes as well as their clocks agree (NTP: about a millisecond).
+A resumed job writes the timeline of its own blocks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+DIR = "timeline"
+MERGED = "timeline.json"
+
+
+def rank_file(run_dir, rank):
+    return os.path.join(run_dir, DIR, f"rank-{rank:05d}.json")
+
+
+class Timeline:
+    """One rank's event stream. lanes: {lane: name} (lane 0: the rank's own
+    work; lane 1 + i: worker i)."""
+
+    def __init__(self, run_dir, rank, title, lanes):
+        os.makedirs(os.path.join(run_dir, DIR), exist_ok=True)
+        self.path = rank_file(run_dir, rank)
+        self.f = open(self.path, "w")
+        self.rank = rank
+        self.off = time.time() - time.perf_counter()
+        self.f.write("[\n")
+        self._meta("process_name", 0, {"name": title})
+        self._meta("process_sort_index", 0, {"sort_index": rank})
+        for lane, name in sorted(lanes.items()):
+            self._meta("thread_name", lane, {"name": name})
+            self._meta("thread_sort_index", lane, {"sort_index": lane})
+
+    def _meta(self, kind, lane, args):
+        self._write({"name": kind, "ph": "M", "pid": self.rank, "tid": lane, "args": args})
+
+    def _write(self, ev):
+        self.f.write(json.dumps(ev, separators=(",", ":")) + ",\n")
+
+    def span(self, name, t0, t1, lane=0, **args):
+        """A complete event from perf_counter readings t0 to t1."""
+        self._write({"name": name, "ph": "X", "pid": self.rank, "tid": lane,
+                     "ts": round((t0 + self.off) * 1e6, 1),
+                     "dur": round(max(t1 - t0, 0.0) * 1e6, 1), "args": args})
+
+    def flush(self):
+        self.f.flush()
+
+    def close(self):
+        if not self.f.closed:
+            self.f.close()
+
+
+class Off:
+    """run.timeline = false: the same calls, nothing recorded."""
+    def span(self, *a, **k):
+        pass
+
+    flush = close = span
+
+
+def read_events(path):
+    """The events of one rank's file, complete or cut off mid-line."""
+    events = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip().rstrip(",")
+            if line in ("[", "]", ""):
+                continue
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                break            # the line being written when the rank died
+    return events
+
+
+def merge(run_dir, world, meta=None):
+    """RUN/timeline.json from the files of ranks 0..world-1 (replaced
+    whole); returns its path and the event count."""
+    events = []
+    for r in range(world):
+        p = rank_file(run_dir, r)
+        if os.path.exists(p):
+            events += read_events(p)
+    out = os.path.join(run_dir, MERGED)
+    doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}}
+    tmp = out + f".tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+    os.replace(tmp, out)
+    return out, sum(e["ph"] == "X" for e in events)

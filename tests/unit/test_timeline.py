@@ -1,0 +1,99 @@
+"""run.timeline: every rank's phases as Chrome trace events. The spans are
+the same clock readings the metrics are made of, so each worker's compute
+spans add up to its compute_s in metrics.jsonl; a rank that fails leaves
+a file that still reads; a resumed job traces its own blocks."""
+import collections
+import json
+
+import pytest
+
+from ibtmpi import timeline
+from ibtmpi.config import load
+from ibtmpi.trainer import InjectedFault, Trainer, run_hash
+
+
+def cfg(path, run_dir, algo="ibt", **extra):
+    sets = [f"data.path={path}", f"algorithm.name={algo}", "data.split_size=40",
+            "data.batch=16", "model.layers=tiny", "run.passes=2", "run.quiet=true",
+            f"run.dir={run_dir}", "run.simulate=3", "run.threads=1",
+            "run.eval_every=2", "run.checkpoint_every=3", "run.timeline=true"]
+    return load(None, sets + [f"{k}={v}" for k, v in extra.items()])
+
+
+def spans(run_dir):
+    doc = json.load(open(run_dir / timeline.MERGED))
+    return [e for e in doc["traceEvents"] if e["ph"] == "X"], doc
+
+
+def metrics(run_dir):
+    return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+
+
+@pytest.mark.parametrize("algo", ["ibt", "ssgd"])
+def test_spans_add_up_to_the_metrics(small_dataset, tmp_path, algo):
+    logs = []
+    t = Trainer(cfg(small_dataset, tmp_path, algo), log=logs.append)
+    t.run()
+    ev, doc = spans(tmp_path)
+    assert any("timeline.json" in m and "perfetto" in m for m in logs)
+    names = {(e["tid"], e["args"]["name"]) for e in doc["traceEvents"]
+             if e["name"] == "thread_name"}
+    assert names == {(0, "master"), (1, "worker 0"), (2, "worker 1"), (3, "worker 2")}
+    recs = metrics(tmp_path)
+    blocks = t.total_blocks
+    for k, rec in enumerate(recs):
+        for i in range(3):
+            comp = [e for e in ev if e["name"] == "compute" and e["tid"] == 1 + i
+                    and e["args"]["block"] == k]
+            # ibt: one span per block; ssgd: one per step
+            steps = t.sched.steps_in_block(t.sched.locate(k)[1])
+            assert len(comp) == (steps if algo == "ssgd" else 1)
+            got = sum(e["dur"] for e in comp) * 1e-6
+            assert got == pytest.approx(rec["compute_s"][i], abs=2e-6 * len(comp) + 1e-6)
+            data = [e for e in ev if e["name"] == "data" and e["tid"] == 1 + i
+                    and e["args"]["block"] == k]
+            assert len(data) == 1
+            assert data[0]["ts"] + data[0]["dur"] <= comp[0]["ts"] + 0.2
+        red = [e for e in ev if e["name"] == "allreduce" and e["args"]["block"] == k]
+        assert len(red) == (steps if algo == "ssgd" else 1) and all(e["tid"] == 0 for e in red)
+        # in one process the block's reduction follows its workers' compute
+        last = max(e["ts"] + e["dur"] for e in ev if e["name"] == "compute"
+                   and e["args"]["block"] == k)
+        assert red[-1]["ts"] >= last - 0.2
+    ck = sorted(e["args"]["block"] for e in ev if e["name"] == "checkpoint")
+    assert ck == [k for k in range(blocks) if (k + 1) % 3 == 0 or k == blocks - 1]
+    evals = {e["args"]["block"] for e in ev if e["name"] == "evaluation"}
+    assert evals == {r["block"] for r in recs if "val_acc" in r}
+    assert all(e["dur"] >= 0 for e in ev)
+
+
+def test_off_by_default_and_outside_the_digest(small_dataset, tmp_path):
+    c = cfg(small_dataset, tmp_path / "off", **{"run.timeline": "false"})
+    Trainer(c, log=lambda m: None).run()
+    assert not (tmp_path / "off" / timeline.DIR).exists()
+    assert not (tmp_path / "off" / timeline.MERGED).exists()
+    assert run_hash(c) == run_hash(cfg(small_dataset, tmp_path / "off"))
+
+
+def test_a_failed_rank_leaves_a_readable_file_and_a_resumed_job_traces_its_own_blocks(
+        small_dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("IBTMPI_FAULT", "0:4:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(cfg(small_dataset, tmp_path), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    assert not (tmp_path / timeline.MERGED).exists()
+    # cut off mid-run, with no closing bracket: its blocks up to the failure
+    part = timeline.read_events(timeline.rank_file(str(tmp_path), 0))
+    done = collections.Counter(e["args"]["block"] for e in part
+                               if e["ph"] == "X" and e["name"] == "compute")
+    assert sorted(done) == [0, 1, 2, 3] and all(v == 3 for v in done.values())
+    # a line half written when the rank died is dropped, not fatal
+    with open(timeline.rank_file(str(tmp_path), 0), "a") as f:
+        f.write('{"name":"compute","ph":"X","pi')
+    assert timeline.read_events(timeline.rank_file(str(tmp_path), 0)) == part
+
+    t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
+    t.run()
+    assert t.start == 3          # the checkpoint after block 2
+    ev, _ = spans(tmp_path)
+    assert {e["args"]["block"] for e in ev} == set(range(3, t.total_blocks))

@@ -170,6 +170,11 @@ def load_run(d):
         "wall_per_pass": sum(l["wall_s"] for l in lines) / passes,
         "critical_per_pass": sum(l["compute_max_s"] + l["data_wait_max_s"]
                                  for l in lines) / passes,
+        # a worker's compute wall and its process's CPU time in it, mean
+        # over workers (runs from before compute_cpu_s: None)
+        "worker_compute_per_pass": sum(l["compute_mean_s"] for l in lines) / passes,
+        "worker_cpu_per_pass": (sum(statistics.mean(l["compute_cpu_s"]) for l in lines) / passes
+                                if lines and all("compute_cpu_s" in l for l in lines) else None),
         "allreduce_calls_per_pass": s["allreduce_calls"] / passes,
         "allreduce_mib_per_pass": s["allreduce_bytes"] / passes / 2 ** 20,
         "rank0_cpu_share": s.get("rank0_cpu_share"),
@@ -304,8 +309,9 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     base = next((r for r in ok if r["N"] == 1), None)
     md += ["## T3: time per pass, throughput, communication", "",
            "| run | mode | wall s/pass | speedup (wall) | critical-path s/pass | speedup "
-           "(critical path) | worker img/s in compute (mean +- 1.96 sd) | Allreduce calls/pass | "
-           "MiB/pass | rank 0 CPU (outside eval) |", "|---|" + "---|" * 9]
+           "(critical path) | worker compute s/pass: wall, CPU (share) | "
+           "worker img/s in compute (mean +- 1.96 sd) | Allreduce calls/pass | "
+           "MiB/pass | rank 0 CPU (outside eval) |", "|---|" + "---|" * 10]
     for r in sorted(ok, key=lambda r: (r["algorithm"], r["N"])):
         mode = "sim" if r["simulated"] else ("1 proc" if r["N"] == 1 else "mpi")
         sp_w = (f"{base['wall_per_pass'] / r['wall_per_pass']:.2f}x"
@@ -317,8 +323,11 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
                else "n/a")
         cpu = (f"{r['rank0_cpu_share']:.1%} ({r['rank0_other_cpu_share']:.1%})"
                if not r["simulated"] and r["rank0_cpu_share"] is not None else "n/a")
+        wc, cc = r.get("worker_compute_per_pass"), r.get("worker_cpu_per_pass")
+        work = (f"{wc:.2f}, {cc:.2f} ({cc / wc:.0%})" if wc and cc is not None
+                else f"{wc:.2f}, n/a" if wc else "n/a")
         md.append(f"| {r['name']} | {mode} | {r['wall_per_pass']:.2f} | {sp_w} | "
-                  f"{r['critical_per_pass']:.2f} | {sp_c} | {ips} | "
+                  f"{r['critical_per_pass']:.2f} | {sp_c} | {work} | {ips} | "
                   f"{r['allreduce_calls_per_pass']:.0f} | {r['allreduce_mib_per_pass']:.1f} | "
                   f"{cpu} |")
     md += ["", "Simulated runs compute every worker in one process: their times are "

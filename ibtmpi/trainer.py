@@ -9,7 +9,8 @@ rank order instead of by MPI.
 
 Per block: ONE packed Allreduce (``ssgd``: one per minibatch) of
   [ S (P) | loss_sum, samples, correct, sum ||w_i - z_s||^2, 2 reserved |
-    compute s (N slots) | data-wait s (N slots) | flags (master + N workers) ]
+    compute s (N slots) | data-wait s (N slots) | compute CPU s (N slots) |
+    flags (master + N workers) ]
 flags: 1 stop requested (signal), 2 non-finite, 4 checkpoint file written.
 float32, then every rank applies the same consensus update.
 Tests: tests/unit/test_trainer.py (simulator), tests/mpi/test_trainer_mpi.py.
@@ -132,7 +133,7 @@ class Trainer:
         self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
                                       d["augment"], d["seed"], d["cache"])
                         for i in self.local}
-        self.F0 = P + NS + 2 * n          # flag slots: [master, worker 0..N-1]
+        self.F0 = P + NS + 3 * n          # flag slots: [master, worker 0..N-1]
         L = self.F0 + 1 + n
         self.send, self.recv = host_empty(L), host_empty(L)   # pinned: one DMA each way
         self.send.fill(0)
@@ -267,7 +268,7 @@ class Trainer:
         for i in self.local:
             t0 = time.perf_counter()
             mbs = self.loaders[i].block(p, b)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             self.tl.span("data", t0, t1, 1 + i, block=k)
             self._at("compute")
             if self.fault and self.fault == (self.rank, k, "hang"):
@@ -297,11 +298,12 @@ class Trainer:
             if tmp is not None:
                 vec += tmp
             self._swap_out(i)
-            t2 = time.perf_counter()
-            self.tl.span("compute", t1, t2, 1 + i, block=k)
+            t2, c2 = time.perf_counter(), time.process_time()
+            self.tl.span("compute", t1, t2, 1 + i, block=k, cpu_s=round(c2 - c1, 6))
             send[P:P + 4] += np.array([loss_sum, cnt, corr, q], np.float32)
             send[P + NS + i] = t2 - t1
             send[P + NS + n + i] = t1 - t0
+            send[P + NS + 2 * n + i] = c2 - c1
             if not (math.isfinite(loss_sum) and math.isfinite(q)
                     and np.isfinite(out).all()):
                 send[self.F0 + 1 + i] += FLAG_NONFINITE
@@ -406,7 +408,7 @@ class Trainer:
             t1 = time.perf_counter()
             t_data[i] = t1 - t0
             self.tl.span("data", t0, t1, 1 + i, block=k)
-        tot = np.zeros(NS + 2 * n, np.float64)
+        tot = np.zeros(NS + 3 * n, np.float64)
         w0 = self.model.params
         gsum = self._send_d[:P] if self.gpu_buffers else send[:P]
         self._at("compute")
@@ -417,16 +419,18 @@ class Trainer:
             gsum.fill(0)
             self._mark_flags()
             for i in self.local:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 x, y = data[i][s]
                 if len(y):
                     loss, c = self.model.loss_and_grad(x, y)
                     g = self.model.grads
                     gsum += g if self.gpu_buffers else self._host(g)
                     send[P:P + 3] += np.array([loss * len(y), len(y), c], np.float32)
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.process_time()
                 send[P + NS + i] += t1 - t0
-                self.tl.span("compute", t0, t1, 1 + i, block=k, step=s)
+                send[P + NS + 2 * n + i] += c1 - c0
+                self.tl.span("compute", t0, t1, 1 + i, block=k, step=s,
+                             cpu_s=round(c1 - c0, 6))
                 if s == 0:
                     send[P + NS + n + i] = t_data[i]
                 if len(y) and not math.isfinite(loss):
@@ -996,6 +1000,7 @@ class Trainer:
                 loss_sum, cnt, corr = float(rv[0]), float(rv[1]), float(rv[2])
                 comp = rv[NS:NS + n].astype(np.float64)
                 wait = rv[NS + n:NS + 2 * n].astype(np.float64)
+                cpu = rv[NS + 2 * n:NS + 3 * n].astype(np.float64)
                 wall = time.perf_counter() - t0
                 images += cnt
                 rec = {"block": k, "blocks_total": self.total_blocks, "pass": p,
@@ -1012,7 +1017,11 @@ class Trainer:
                        "comm_s": max(wall - float(comp.max()) - float(wait.max()), 0.0),
                        "images_per_s": cnt / wall if wall > 0 else 0.0,
                        "slowest_worker": int(comp.argmax()),
-                       "compute_s": [round(float(c), 6) for c in comp]}
+                       "compute_s": [round(float(c), 6) for c in comp],
+                       # CPU seconds of the worker's process in the same span:
+                       # below compute_s when it waited for a core (more ranks
+                       # than cores) or a GPU, above it with BLAS threads
+                       "compute_cpu_s": [round(float(c), 6) for c in cpu]}
                 if not np.isfinite(self.z).all():
                     raise Diverged(f"block {k}: the consensus model z is not finite; "
                                    f"the last good checkpoint is kept. Lower optim.lr "
@@ -1137,6 +1146,9 @@ class Trainer:
                    # start ran in earlier ones: their time is in the metrics
                    "resumed_at_block": self.start,
                    "blocks_wall_s": float(sum(h["wall_s"] for h in self.history)),
+                   # per worker, over every block so far: its compute wall
+                   # seconds and its process's CPU seconds in them
+                   **_per_worker_totals(self.history, self.n_workers),
                    # worker -> blocks in which it computed longest, >= 1.25x the median
                    "straggler_blocks": {str(i): c for i, c in
                                         sorted(self.stragglers.counts.items())},
@@ -1453,6 +1465,15 @@ def _restore_handlers(old):
     import signal
     for sig, h in old.items():
         signal.signal(sig, h)
+
+
+def _per_worker_totals(history, n):
+    """summary.json's worker_compute_s / worker_cpu_s: per worker sums over
+    the metrics lines that have both (lines from before compute_cpu_s
+    existed, in a resumed run, are left out of both)."""
+    h = [r for r in history if "compute_cpu_s" in r]
+    return {key: [round(sum(r[src][i] for r in h), 3) for i in range(n)]
+            for key, src in (("worker_compute_s", "compute_s"), ("worker_cpu_s", "compute_cpu_s"))}
 
 
 def save_model(path, z, model, ds, cfg):

@@ -38,6 +38,11 @@ def test_report_tables_plots_and_targets(small_dataset, tmp_path, capsys):
     assert "| bmuf | - | diverged |" in md
     assert "ibt at N = 2 within 0.5 pt of N = 1" in md
     assert "MPI:" in md and "commit" in md
+    # T3: a worker's compute wall and CPU seconds per pass, from the metrics
+    m = [json.loads(line) for line in open(tmp_path / "t1-ibt-2" / "metrics.jsonl")]
+    wc = sum(r["compute_mean_s"] for r in m) / 2
+    cc = sum(sum(r["compute_cpu_s"]) / 2 for r in m) / 2
+    assert f"| {wc:.2f}, {cc:.2f} ({cc / wc:.0%}) |" in md
     rep = json.load(open(out / "report.json"))
     assert {r["name"] for r in rep["runs"]} == {os.path.basename(r) for r in runs}
     for f in ("t4_val_accuracy.png", "t5_residuals_rho.png"):

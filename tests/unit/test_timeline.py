@@ -97,3 +97,56 @@ def test_a_failed_rank_leaves_a_readable_file_and_a_resumed_job_traces_its_own_b
     assert t.start == 3          # the checkpoint after block 2
     ev, _ = spans(tmp_path)
     assert {e["args"]["block"] for e in ev} == set(range(3, t.total_blocks))
+
+
+SLOW_STEP = """
+import functools, sys, time
+from ibtmpi import trainer
+from ibtmpi.cli import main
+from ibtmpi.model import Model
+NAP = float(sys.argv.pop(1))
+# no prefetch thread: nothing else in the process spends CPU while a step sleeps
+trainer.WorkerData = functools.partial(trainer.WorkerData, prefetch=False)
+orig = Model.loss_and_grad
+def slow(self, *a, **k):
+    time.sleep(NAP)
+    return orig(self, *a, **k)
+Model.loss_and_grad = slow
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("algo", ["ibt", "ssgd"])
+def test_compute_cpu_time_leaves_out_time_off_the_cpu(small_dataset, tmp_path, algo):
+    """compute_cpu_s is the worker's process's CPU time in the span
+    compute_s times: each local step sleeping 20 ms (wall time, no CPU,
+    like a rank waiting for a core or a GPU) shows in compute_s and not in
+    compute_cpu_s. Run as `ibtmpi train` with run.threads = 1 in its own
+    process, with the loader's prefetch thread (whose CPU time counts: it
+    is the rank's work) off, so nothing else in it spends CPU meanwhile."""
+    import subprocess
+    import sys
+    from conftest import train_args
+    nap = 0.02
+    script = tmp_path / "slow_step.py"
+    script.write_text(SLOW_STEP)
+    run = tmp_path / "r"
+    args = train_args(small_dataset, run, 1, **{
+        "algorithm.name": algo, "run.simulate": 3, "run.timeline": "true"})
+    p = subprocess.run([sys.executable, str(script), str(nap), "train", *args],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    recs = metrics(run)
+    s = json.load(open(run / "summary.json"))
+    for rec in recs:
+        for i, (wall, cpu) in enumerate(zip(rec["compute_s"], rec["compute_cpu_s"])):
+            steps = -(-rec["samples"] // 3 // 16)       # minibatches of 16, the last short
+            assert 0 < cpu and wall - cpu >= steps * nap * 0.95, (rec["block"], i)
+    assert s["worker_compute_s"] == [round(sum(r["compute_s"][i] for r in recs), 3)
+                                     for i in range(3)]
+    assert s["worker_cpu_s"] == [round(sum(r["compute_cpu_s"][i] for r in recs), 3)
+                                 for i in range(3)]
+    # the trace's compute spans carry the same CPU seconds
+    ev, _ = spans(run)
+    got = sum(e["args"]["cpu_s"] for e in ev if e["name"] == "compute")
+    assert got == pytest.approx(sum(sum(r["compute_cpu_s"]) for r in recs), abs=1e-4)

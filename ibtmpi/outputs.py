@@ -281,6 +281,10 @@ def plot_run(run_dir, out_dir=None):
     ax.stackplot(blocks, comp, wait, comm,
                  labels=["compute (slowest worker)", "data wait (slowest)",
                          "communication + imbalance"])
+    if all("compute_cpu_s" in r for r in recs):
+        # below the compute band: the slowest worker waited for a core or a GPU
+        ax.plot(blocks, [r["compute_cpu_s"][r["slowest_worker"]] for r in recs], "k--",
+                linewidth=1, label="its CPU seconds in compute")
     ax.set_xlabel("block")
     ax.set_ylabel("seconds")
     ax.legend(loc="upper right")

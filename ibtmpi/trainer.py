@@ -903,7 +903,11 @@ class Trainer:
             + ("free" if lock is None else f"its lock would be taken over ({lock})"),
             "  time limit: " + ("none" if self.deadline is None else
                                 f"{self._deadline_text()}: stops with a checkpoint before it"),
-        ]
+        ] + (["  diagnostics: " + "; ".join(
+            t for t, on in (("cProfile of every rank (profile-rank-R.txt, .pstats)",
+                             r["profile"]),
+                            (f"timeline of every rank ({timeline.MERGED})", r["timeline"]))
+            if on)] if r["profile"] or r["timeline"] else [])
 
     def run(self):
         """Train to the end (or to a preemption); the master holds the run

@@ -43,7 +43,14 @@ def test_dry_run_plans_the_real_run_and_writes_nothing(small_dataset, tmp_path, 
     assert "6 Allreduce(s) per pass (one per block)" in out
     assert "start from block 0" in out and f"run.dir: {run}: free" in out
     assert "evaluation: z on val every 6 block(s); the best kept as model-best.npz\n" in out
-    assert "lr: constant 0.02" in out
+    assert "lr: constant 0.02" in out and "diagnostics:" not in out
+    assert main(["train", "--dry-run", "--simulate", "2", "--set", "run.timeline=true",
+                 "--set", "run.early_stop=2", "--set", "run.early_stop_delta=0.01"]
+                + sets(small_dataset, run)) == 0
+    out = capsys.readouterr().out
+    assert "diagnostics: timeline of every rank (timeline.json)\n" in out
+    assert ("early stop after 2 evaluations without a better one (val accuracy up by "
+            "more than 0.01)") in out
     # the real run does what the plan said
     assert main(["train", "--simulate", "2"] + sets(small_dataset, run)) == 0
     capsys.readouterr()

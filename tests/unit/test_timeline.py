@@ -150,3 +150,21 @@ def test_compute_cpu_time_leaves_out_time_off_the_cpu(small_dataset, tmp_path, a
     ev, _ = spans(run)
     got = sum(e["args"]["cpu_s"] for e in ev if e["name"] == "compute")
     assert got == pytest.approx(sum(sum(r["compute_cpu_s"]) for r in recs), abs=1e-4)
+
+
+def test_a_preempted_job_merges_the_timeline_of_its_blocks(small_dataset, tmp_path):
+    """A stop request (signal or time limit) ends the job after the next
+    block with a checkpoint: the merged timeline covers the job's blocks."""
+    from ibtmpi.trainer import Preempted
+    t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
+    mark = t._mark_flags
+
+    def stop_at_block_2():
+        t.stop_requested = t.stop_requested or t.block == 2
+        mark()
+    t._mark_flags = stop_at_block_2
+    with pytest.raises(Preempted):
+        t.run()
+    ev, _ = spans(tmp_path)
+    assert {e["args"]["block"] for e in ev} == {0, 1, 2}
+    assert [e["args"]["block"] for e in ev if e["name"] == "checkpoint"] == [2]

@@ -33,6 +33,8 @@ def _metrics(run_dir):
 
 
 SLOW_RATIO = 1.25         # a block's slowest worker straggles at this x its median
+STARVED_SHARE = 0.6       # a CPU worker whose process had a core for less of
+                          # its compute time waited for cores (oversubscribed)
 
 
 def eval_rank(rec):

@@ -29,7 +29,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import runlock
-from .status import eval_rank, hms, slow_worker
+from .status import STARVED_SHARE, eval_rank, hms, slow_worker
 from .config import DEFAULTS, ConfigError, digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
@@ -724,6 +724,19 @@ class Trainer:
                 f"every block waits for it at the Allreduce (a slower or shared node, "
                 f"a throttled GPU?); metrics.jsonl has slowest_worker per block")
 
+    def _starved_text(self, starved, when):
+        ws = sorted(starved)
+        where = f"worker(s) {_ranges(ws)}"
+        if not self.simulate and len(self.placement) > ws[-1] + 1:
+            hosts = sorted({self.placement[i + 1][0] for i in ws})
+            where += f" (rank(s) {_ranges([i + 1 for i in ws])} on {', '.join(hosts)})"
+        share = sorted(starved.values())[len(ws) // 2]
+        return (f"{where} had a core for only {share:.0%} of their compute time "
+                f"(median) in {when}: the node runs more busy threads than it has cores (ranks x "
+                f"run.threads, or other jobs), so time per block measures the wait "
+                f"for cores, not the computation; compute_cpu_s in metrics.jsonl has it "
+                f"per block")
+
     def _environment(self):
         """What a run needs to be compared months later: versions, the MPI
         library and where every rank ran (this process's last start)."""
@@ -978,6 +991,10 @@ class Trainer:
         progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
             if self.is_master and bar is None and not r["quiet"] else None
         self.stragglers = Stragglers(n)
+        # CPU workers (GPU workers' host threads may rightly sleep in compute)
+        cpu_workers = [i for i in range(n) if self.placement[0 if self.simulate or
+                       len(self.placement) == 1 else i + 1][3] == "cpu"]
+        self.starved = Starved(cpu_workers)
         t_start = time.perf_counter()
         cpu_start = time.process_time()
         calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
@@ -1037,6 +1054,11 @@ class Trainer:
                     slow = self.stragglers.block(comp)
                     if slow is not None:
                         self.log(self._straggler_text(*slow))
+                    starved = self.starved.block(comp, cpu)
+                    if starved:
+                        self.log(self._starved_text(
+                            starved, f"{self.starved.need}+ of the last "
+                                     f"{self.starved.window} blocks"))
                     due = (k + 1) % eval_every == 0 or last
                     if due and self.val is not None:
                         self._at("evaluation")
@@ -1156,7 +1178,16 @@ class Trainer:
                    # worker -> blocks in which it computed longest, >= 1.25x the median
                    "straggler_blocks": {str(i): c for i, c in
                                         sorted(self.stragglers.counts.items())},
+                   # worker -> blocks in which its process had a core less
+                   # than STARVED_SHARE of its compute time
+                   "starved_blocks": {str(i): c for i, c in
+                                      sorted(self.starved.counts.items())},
                    "environment": self._environment()}
+        trained = self.total_blocks - self.start
+        late = self.starved.summary(trained) if self.is_master else None
+        if late:               # a run too short for the live report
+            self.log(self._starved_text(late, f"{min(self.starved.counts[i] for i in late)} "
+                                              f"of the {trained} blocks of this run"))
         done = os.path.join(r["dir"], "summary.json")
         if self.is_master and self.start >= self.total_blocks and os.path.exists(done):
             # nothing trained: the finished run's summary stays as it was
@@ -1337,6 +1368,45 @@ class Stragglers:
             return None
         self.reported.add(slow)
         return slow, self.recent.count(slow), found[1]
+
+
+class Starved:
+    """Master: CPU workers that wait for a core. A worker is starved in a
+    block when its process had the CPU for less than STARVED_SHARE of a
+    compute time of at least min_s; once workers are starved in `need` of
+    the last `window` blocks, block() returns {worker: median share} of
+    them, once per run."""
+
+    def __init__(self, workers, window=10, need=8, min_s=0.05):
+        self.workers, self.window, self.need, self.min_s = workers, window, need, min_s
+        self.recent = []                 # {worker: share} of the last `window` blocks
+        self.counts = {}                 # worker -> blocks it was starved in
+        self.reported = False
+
+    def block(self, comp, cpu):
+        now = {i: float(cpu[i]) / float(comp[i]) for i in self.workers
+               if comp[i] >= self.min_s and cpu[i] < STARVED_SHARE * comp[i]}
+        for i in now:
+            self.counts[i] = self.counts.get(i, 0) + 1
+        self.recent = (self.recent + [now])[-self.window:]
+        if self.reported:
+            return None
+        hits = {i: sorted(r[i] for r in self.recent if i in r) for i in self.workers}
+        out = {i: v[len(v) // 2] for i, v in hits.items() if len(v) >= self.need}
+        self.reported = bool(out)
+        return out or None
+
+    def summary(self, blocks):
+        """At the end, when block() never reported: {worker: median share}
+        of the workers starved in at least half of `blocks` (>= 2)."""
+        if self.reported:
+            return None
+        out = {}
+        for i, c in self.counts.items():
+            shares = sorted(r[i] for r in self.recent if i in r)
+            if c >= max(2, blocks / 2) and shares:
+                out[i] = shares[len(shares) // 2]
+        return out or None
 
 
 def _ranges(ranks):

@@ -168,3 +168,47 @@ def test_a_preempted_job_merges_the_timeline_of_its_blocks(small_dataset, tmp_pa
     ev, _ = spans(tmp_path)
     assert {e["args"]["block"] for e in ev} == {0, 1, 2}
     assert [e["args"]["block"] for e in ev if e["name"] == "checkpoint"] == [2]
+
+
+STARVE_ONE = """
+import functools, sys, time
+from ibtmpi import trainer
+from ibtmpi.cli import main
+trainer.WorkerData = functools.partial(trainer.WorkerData, prefetch=False)
+orig = trainer.Trainer._swap_in
+def swap_in(self, i):
+    if i == 1:
+        time.sleep(0.08)      # worker 1 waits for a core every block
+    return orig(self, i)
+trainer.Trainer._swap_in = swap_in
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("passes, when", [(3, "in 8+ of the last 10 blocks"),
+                                          (1, "in 4 of the 4 blocks of this run")])
+def test_a_worker_that_waits_for_cores_is_named_once(small_dataset, tmp_path, passes, when):
+    """A CPU worker whose process had a core for less than 60% of its
+    compute time in 8 of 10 blocks is named in the log, once; a run too
+    short for that, at its end when it was so in half its blocks;
+    summary.json counts its blocks. Here worker 1's compute sleeps (no
+    CPU) every block."""
+    import subprocess
+    import sys
+    from conftest import train_args
+    script = tmp_path / "starve.py"
+    script.write_text(STARVE_ONE)
+    run = tmp_path / "r"
+    p = subprocess.run([sys.executable, str(script), "train", *train_args(
+        small_dataset, run, passes, **{"algorithm.name": "ibt", "run.simulate": 3,
+                                  "run.quiet": "false", "run.progress_s": 0})],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout + p.stderr
+    lines = [x for x in out.splitlines() if "had a core for only" in x]
+    assert len(lines) == 1 and lines[0].startswith("worker(s) 1 had a core"), out
+    assert when in lines[0]
+    s = json.load(open(run / "summary.json"))
+    recs = metrics(run)
+    assert s["starved_blocks"] == {"1": len(recs)} and len(recs) == 4 * passes
+    assert all(r["compute_s"][1] - r["compute_cpu_s"][1] >= 0.075 for r in recs)

@@ -4,7 +4,8 @@ import os
 
 from ibtmpi.config import load
 from ibtmpi.threads import current_blas_threads
-from ibtmpi.trainer import Trainer, _ranges, placement_text
+from ibtmpi.monitor import _ranges, placement_text
+from ibtmpi.trainer import Trainer
 
 
 def test_ranges():

@@ -5,7 +5,8 @@ import time
 import numpy as np
 
 from ibtmpi.config import load
-from ibtmpi.trainer import Stragglers, Trainer
+from ibtmpi.monitor import Stragglers
+from ibtmpi.trainer import Trainer
 
 
 def test_a_persistent_straggler_is_named_once():

@@ -108,7 +108,7 @@ def test_warmup_adds_its_allreduces_and_restarts_consensus(small_dataset, tmp_pa
 
 
 def test_progress_lines_follow_the_clock_and_estimate_the_rest():
-    from ibtmpi.trainer import Progress
+    from ibtmpi.monitor import Progress
     t = [100.0]
     lines = []
     pr = Progress(total=10, start=2, every_s=60, log=lines.append, clock=lambda: t[0])

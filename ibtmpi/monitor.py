@@ -1,0 +1,136 @@
+"""What the master reports about a live run besides the metrics: progress
+lines for batch logs, stragglers (the worker every block waits for), CPU
+workers that wait for cores, and where the ranks run. Used by trainer.py;
+tests: tests/unit/test_stragglers.py, test_placement.py, test_timeline.py.
+"""
+from __future__ import annotations
+
+import time
+
+from .status import STARVED_SHARE, hms, slow_worker
+
+
+class Progress:
+    """A line per `every_s` seconds for logs that are not a terminal (Slurm
+    output files): where the run is, the block's train loss, the throughput
+    and the time left at the rate so far; none for a pass's last block (the
+    pass line follows). every_s = 0: no lines."""
+
+    def __init__(self, total, start, every_s, log, clock=time.perf_counter):
+        self.total, self.start, self.every, self.log, self.clock = \
+            total, start, every_s, log, clock
+        self.t0 = self.last = clock()
+        self.images = 0
+
+    def block_done(self, k, rec, blocks_per_pass):
+        self.images += rec["samples"]
+        now = self.clock()
+        if rec["block_in_pass"] + 1 == blocks_per_pass:
+            self.last = now            # the pass line reports this block
+            return
+        if not self.every or now - self.last < self.every:
+            return
+        self.last = now
+        done, left = k + 1 - self.start, self.total - (k + 1)
+        el = now - self.t0
+        self.log(f"block {k + 1}/{self.total} (pass {rec['pass'] + 1}, "
+                 f"{rec['block_in_pass'] + 1}/{blocks_per_pass}): train loss "
+                 f"{rec['train_loss']:.4f}, {self.images / max(el, 1e-9):.0f} img/s, "
+                 f"{hms(el)} elapsed, about {hms(el / done * left)} left")
+
+
+class Stragglers:
+    """Master: which worker holds the blocks back. A worker straggles in a
+    block when status.slow_worker names it (it computed longest, at least
+    1.25x the median worker); once one has straggled in `need` of the last
+    `window` blocks, block() names it (once per worker). Every block waits
+    for its slowest worker at the Allreduce, so this is the worker to look at."""
+
+    def __init__(self, n, window=10, need=8):
+        self.n, self.window, self.need = n, window, need
+        self.recent = []                 # straggler index or None, last `window` blocks
+        self.counts = {}                 # worker -> blocks it straggled in
+        self.reported = set()
+
+    def block(self, comp):
+        """comp: compute seconds per worker; returns (worker, blocks, ratio)
+        the first time a worker crosses the threshold, else None."""
+        found = slow_worker([float(c) for c in comp])
+        slow = None if found is None else found[0]
+        if slow is not None:
+            self.counts[slow] = self.counts.get(slow, 0) + 1
+        self.recent = (self.recent + [slow])[-self.window:]
+        if slow is None or slow in self.reported or self.recent.count(slow) < self.need:
+            return None
+        self.reported.add(slow)
+        return slow, self.recent.count(slow), found[1]
+
+
+class Starved:
+    """Master: CPU workers that wait for a core. A worker is starved in a
+    block when its process had the CPU for less than STARVED_SHARE of a
+    compute time of at least min_s; once workers are starved in `need` of
+    the last `window` blocks, block() returns {worker: median share} of
+    them, once per run."""
+
+    def __init__(self, workers, window=10, need=8, min_s=0.05):
+        self.workers, self.window, self.need, self.min_s = workers, window, need, min_s
+        self.recent = []                 # {worker: share} of the last `window` blocks
+        self.counts = {}                 # worker -> blocks it was starved in
+        self.reported = False
+
+    def block(self, comp, cpu):
+        now = {i: float(cpu[i]) / float(comp[i]) for i in self.workers
+               if comp[i] >= self.min_s and cpu[i] < STARVED_SHARE * comp[i]}
+        for i in now:
+            self.counts[i] = self.counts.get(i, 0) + 1
+        self.recent = (self.recent + [now])[-self.window:]
+        if self.reported:
+            return None
+        hits = {i: sorted(r[i] for r in self.recent if i in r) for i in self.workers}
+        out = {i: v[len(v) // 2] for i, v in hits.items() if len(v) >= self.need}
+        self.reported = bool(out)
+        return out or None
+
+    def summary(self, blocks):
+        """At the end, when block() never reported: {worker: median share}
+        of the workers starved in at least half of `blocks` (>= 2)."""
+        if self.reported:
+            return None
+        out = {}
+        for i, c in self.counts.items():
+            shares = sorted(r[i] for r in self.recent if i in r)
+            if c >= max(2, blocks / 2) and shares:
+                out[i] = shares[len(shares) // 2]
+        return out or None
+
+
+def _ranges(ranks):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(f"{ranks[i]}" if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def placement_text(rows, show=4):
+    """One line on where the ranks run, from _placement's rows: nodes with
+    their ranks (the first `show` nodes), BLAS threads and devices."""
+    hosts = {}
+    for r, (host, _pid, _thr, _dev) in enumerate(rows):
+        hosts.setdefault(host, []).append(r)
+    shown = [f"{h} [{_ranges(rs)}]" for h, rs in list(hosts.items())[:show]]
+    if len(hosts) > show:
+        shown.append(f"... {len(hosts) - show} more")
+    threads = sorted({t for _h, _p, t, _d in rows if t is not None})
+    devs = [d for _h, _p, _t, d in rows if d != "-"]
+    kinds = sorted({d.split()[0] for d in devs})
+    gpus = {(h, d) for h, _p, _t, d in rows if d.startswith("gpu")}
+    return (f"placement: {len(rows)} rank(s) on {len(hosts)} node(s): {', '.join(shown)}; "
+            f"BLAS threads per rank {'/'.join(map(str, threads)) or '?'}; workers on "
+            f"{'/'.join(kinds) or 'cpu'}"
+            + (f" ({len(gpus)} GPU(s) for {len(devs)} worker(s))" if gpus else ""))

@@ -216,6 +216,56 @@ def _twin_legend(ax, ax2, loc):
     ax.legend(h1 + h2, l1 + l2, loc=loc)
 
 
+TIMELINE_COLORS = {"data": "C7", "compute": "C0", "allreduce": "C3", "consensus": "C2",
+                   "evaluation": "C1", "checkpoint": "C4"}
+
+
+def timeline_png(run_dir, path, plt, blocks=3):
+    """run.timeline: a Gantt chart of every rank's lanes over the last
+    `blocks` traced blocks (the steady state), from RUN/timeline.json, or
+    from the ranks' own files when the run ended before merging them.
+    None when the run was not traced."""
+    from . import timeline
+    merged = os.path.join(run_dir, timeline.MERGED)
+    if os.path.exists(merged):
+        with open(merged) as f:
+            ev = json.load(f)["traceEvents"]
+    else:
+        import glob
+        ev = [e for p in sorted(glob.glob(os.path.join(run_dir, timeline.DIR, "rank-*.json")))
+              for e in timeline.read_events(p)]
+    spans = [e for e in ev if e.get("ph") == "X" and "block" in e.get("args", {})]
+    if not spans:
+        return None
+    last = max(e["args"]["block"] for e in spans)
+    show = [e for e in spans if e["args"]["block"] > last - blocks]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev
+             if e.get("ph") == "M" and e["name"] == "thread_name"}
+    lanes = sorted({(e["pid"], e["tid"]) for e in show})
+    t0 = min(e["ts"] for e in show)
+    fig, ax = plt.subplots(figsize=(10, max(2.5, min(0.3 * len(lanes) + 1.5, 12))))
+    seen = set()
+    for y, lane in enumerate(lanes):
+        for name, color in TIMELINE_COLORS.items():
+            bars = [((e["ts"] - t0) / 1e3, e["dur"] / 1e3) for e in show
+                    if (e["pid"], e["tid"]) == lane and e["name"] == name]
+            if bars:
+                ax.broken_barh(bars, (y - 0.4, 0.8), color=color,
+                               label=None if name in seen else name)
+                seen.add(name)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([f"rank {p}: {names.get((p, t), t)}" for p, t in lanes])
+    ax.set_xlabel("ms")
+    ax.legend(loc="upper right", fontsize="small")
+    first = max(last - blocks + 1, min(e["args"]["block"] for e in spans))
+    ax.set_title(f"timeline, blocks {first}-{last} (all of it: {timeline.MERGED} "
+                 f"in ui.perfetto.dev)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_run(run_dir, out_dir=None):
     plt = pyplot()
     path = os.path.join(run_dir, "metrics.jsonl")
@@ -312,6 +362,10 @@ def plot_run(run_dir, out_dir=None):
         files.append(os.path.join(out_dir, "worker_compute.png"))
         fig.savefig(files[-1], dpi=100)
         plt.close(fig)
+
+    tl = timeline_png(run_dir, os.path.join(out_dir, "timeline.png"), plt)
+    if tl:
+        files.append(tl)
 
     lrs = [r.get("lr") for r in recs]
     if None not in lrs and len(set(lrs)) > 1:          # optim.schedule at work

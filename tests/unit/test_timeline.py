@@ -212,3 +212,23 @@ def test_a_worker_that_waits_for_cores_is_named_once(small_dataset, tmp_path, pa
     recs = metrics(run)
     assert s["starved_blocks"] == {"1": len(recs)} and len(recs) == 4 * passes
     assert all(r["compute_s"][1] - r["compute_cpu_s"][1] >= 0.075 for r in recs)
+
+
+def test_plot_draws_the_timeline_also_of_a_run_that_failed(small_dataset, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from ibtmpi.cli import main
+    Trainer(cfg(small_dataset, tmp_path / "ok"), log=lambda m: None).run()
+    assert main(["plot", str(tmp_path / "ok"), "--out", str(tmp_path / "p1")]) == 0
+    assert (tmp_path / "p1" / "timeline.png").stat().st_size > 5000
+    monkeypatch.setenv("IBTMPI_FAULT", "0:4:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(cfg(small_dataset, tmp_path / "bad"), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    assert not (tmp_path / "bad" / timeline.MERGED).exists()
+    assert main(["plot", str(tmp_path / "bad"), "--out", str(tmp_path / "p2")]) == 0
+    assert (tmp_path / "p2" / "timeline.png").stat().st_size > 5000
+    # not traced: no timeline plot
+    Trainer(cfg(small_dataset, tmp_path / "off", **{"run.timeline": "false"}),
+            log=lambda m: None).run()
+    assert main(["plot", str(tmp_path / "off"), "--out", str(tmp_path / "p3")]) == 0
+    assert not (tmp_path / "p3" / "timeline.png").exists()

@@ -9,7 +9,8 @@
 #    mpiexec exists and mpi4py loads its MPI, else --simulate 2 in one
 #    process, which needs no MPI); with a CUDA-aware MPI
 #    also run.cuda_aware = off, and z of both modes compared bit for bit;
-#    the same one-process GPU run twice, z compared bit for bit
+#    the same one-process GPU run twice, z compared bit for bit; the MPI
+#    run's timeline (train_timeline.json: every rank's spans per block)
 # Every stage runs under its own time limit, so one that hangs costs its
 # limit, not the rest: OUTDIR/stages.txt says how each ended and how long it
 # took. Our own package is installed from this tree with --no-deps (or, where
@@ -82,7 +83,9 @@ stage step-vs-cudnn 180 "$out/gpu_step.txt" \
     python3 benchmarks/bench_gpu_step.py --json "$out/gpu_step.json"
 data=$tmp/d
 stage prep 120 "$out/train.txt" python3 -m ibtmpi prep synth "$data" --n 4000 --size 64 --shards 2 --quiet
-sets="--set data.path=$data --set data.split_size=256 --set run.passes=2 --set run.dir=$tmp/run --set run.quiet=true"
+# the timeline shows where GPU workers spend a block (compute spans carry
+# the host CPU seconds: a host thread spinning in a sync shows there)
+sets="--set data.path=$data --set data.split_size=256 --set run.passes=2 --set run.dir=$tmp/run --set run.quiet=true --set run.timeline=true"
 # Open MPI refuses root without these; MPICH ignores them
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if command -v mpiexec >/dev/null && timeout 60 python3 -c "from mpi4py import MPI" >/dev/null 2>&1; then
@@ -111,5 +114,6 @@ done
 same_z "GPU run repeated" "$tmp/rep1" "$tmp/rep2"
 tail -n 5 "$tmp/repeat.log" >>"$out/train.txt" 2>/dev/null
 cp "$tmp/run/summary.json" "$out/train_summary.json" 2>/dev/null
+cp "$tmp/run/timeline.json" "$out/train_timeline.json" 2>/dev/null
 cat "$out/stages.txt"
-ls "$out"      # at most 7 files: env, stages, gpu_tests, gpu_step (2), train (2)
+ls "$out"      # at most 8 files: env, stages, gpu_tests, gpu_step (2), train (3)

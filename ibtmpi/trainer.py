@@ -309,10 +309,11 @@ class Trainer:
                     and np.isfinite(out).all()):
                 send[self.F0 + 1 + i] += FLAG_NONFINITE
         self._at("allreduce")
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         S = self._reduce_packed(work, k)
         t4 = time.perf_counter()
-        self.tl.span("allreduce", t3, t4, self._lane, block=k)
+        self.tl.span("allreduce", t3, t4, self._lane, block=k,
+                     cpu_s=round(time.process_time() - c3, 6))
         self._check_flags(k)
         diag = self.cons.update(S, float(recv[P + 3]))
         for i in self.local:
@@ -437,9 +438,10 @@ class Trainer:
                 if len(y) and not math.isfinite(loss):
                     send[self.F0 + 1 + i] += FLAG_NONFINITE
             self._at("allreduce")
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             S = self._reduce_packed(work, k)
-            self.tl.span("allreduce", t0, time.perf_counter(), self._lane, block=k, step=s)
+            self.tl.span("allreduce", t0, time.perf_counter(), self._lane, block=k, step=s,
+                         cpu_s=round(time.process_time() - c0, 6))
             self._check_flags(k)
             g = S * np.float32(1.0 / n)
             # same averaged gradient on every rank

@@ -718,27 +718,31 @@ class Trainer:
                 f"read the same configuration and the same data")
         return rows
 
+    def _workers_text(self, ws):
+        """'worker 3 (rank 4 on node7)', 'worker(s) 0-3 (rank(s) 1-4 on a, b)'."""
+        one = len(ws) == 1
+        where = f"worker {ws[0]}" if one else f"worker(s) {_ranges(ws)}"
+        if not self.simulate and len(self.placement) > ws[-1] + 1:
+            hosts = ", ".join(sorted({self.placement[i + 1][0] for i in ws}))
+            ranks = f"rank {ws[0] + 1}" if one else f"rank(s) {_ranges([i + 1 for i in ws])}"
+            where += f" ({ranks} on {hosts})"
+        return where
+
     def _straggler_text(self, i, hits, ratio):
-        where = f"worker {i}"
-        if not self.simulate and len(self.placement) > i + 1:
-            where += f" (rank {i + 1} on {self.placement[i + 1][0]})"
-        return (f"{where} computed longest in {hits} of the last "
+        return (f"{self._workers_text([i])} computed longest in {hits} of the last "
                 f"{self.stragglers.window} blocks, {ratio:.2f}x the median worker: "
                 f"every block waits for it at the Allreduce (a slower or shared node, "
                 f"a throttled GPU?); metrics.jsonl has slowest_worker per block")
 
     def _starved_text(self, starved, when):
         ws = sorted(starved)
-        where = f"worker(s) {_ranges(ws)}"
-        if not self.simulate and len(self.placement) > ws[-1] + 1:
-            hosts = sorted({self.placement[i + 1][0] for i in ws})
-            where += f" (rank(s) {_ranges([i + 1 for i in ws])} on {', '.join(hosts)})"
         share = sorted(starved.values())[len(ws) // 2]
-        return (f"{where} had a core for only {share:.0%} of their compute time "
-                f"(median) in {when}: the node runs more busy threads than it has cores (ranks x "
-                f"run.threads, or other jobs), so time per block measures the wait "
-                f"for cores, not the computation; compute_cpu_s in metrics.jsonl has it "
-                f"per block")
+        their = "its" if len(ws) == 1 else "their"
+        return (f"{self._workers_text(ws)} had a core for only {share:.0%} of {their} "
+                f"compute time (median) in {when}: the node runs more busy threads "
+                f"than it has cores (ranks x run.threads, or other jobs), so time per "
+                f"block measures the wait for cores, not the computation; "
+                f"compute_cpu_s in metrics.jsonl has it per block")
 
     def _environment(self):
         """What a run needs to be compared months later: versions, the MPI
@@ -821,12 +825,12 @@ class Trainer:
         finally:
             self.eval_cpu += time.process_time() - c0
 
-    def _end_timeline(self, sync):
-        """run.timeline: every rank closes its file before `sync` (a
-        collective), so the master merges complete files after it, also
-        across nodes on NFS (close-to-open)."""
+    def _end_timeline(self):
+        """The run's last collective (_final_sync); with run.timeline every
+        rank closes its file before it, so the master merges complete files
+        after it, also across nodes on NFS (close-to-open)."""
         self.tl.close()
-        sync()
+        self._final_sync()
         if self.is_master and isinstance(self.tl, timeline.Timeline):
             world = 1 if self.simulate else mpi.world_size()
             path, n = timeline.merge(self.run_dir, world, {"run_dir": self.run_dir,
@@ -994,10 +998,11 @@ class Trainer:
         progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
             if self.is_master and bar is None and not r["quiet"] else None
         self.stragglers = Stragglers(n)
-        # CPU workers (GPU workers' host threads may rightly sleep in compute)
-        cpu_workers = [i for i in range(n) if self.placement[0 if self.simulate or
-                       len(self.placement) == 1 else i + 1][3] == "cpu"]
-        self.starved = Starved(cpu_workers)
+        # CPU workers (GPU workers' host threads may rightly sleep in compute);
+        # one process (simulation, N = 1) has one placement row
+        rows = self.placement
+        self.starved = Starved([i for i in range(n)
+                                if rows[i + 1 if len(rows) > 1 else 0][3] == "cpu"])
         t_start = time.perf_counter()
         cpu_start = time.process_time()
         calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
@@ -1089,11 +1094,11 @@ class Trainer:
                 if self.early_agreed:
                     break
                 if self.stop_agreed and not last:
-                    self._end_timeline(self._final_sync)
+                    self._end_timeline()
                     raise Preempted(f"stopped by {self.stop_reason} after block {k}; "
                                     f"checkpoint {ckpt.ckpt_dir(self.run_dir, k)} written; "
                                     f"run the same command again to resume")
-            self._end_timeline(self._final_sync)
+            self._end_timeline()
         finally:
             self.tl.close()
             _restore_handlers(old)

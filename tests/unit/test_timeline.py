@@ -206,7 +206,7 @@ def test_a_worker_that_waits_for_cores_is_named_once(small_dataset, tmp_path, pa
     assert p.returncode == 0, p.stderr
     out = p.stdout + p.stderr
     lines = [x for x in out.splitlines() if "had a core for only" in x]
-    assert len(lines) == 1 and lines[0].startswith("worker(s) 1 had a core"), out
+    assert len(lines) == 1 and lines[0].startswith("worker 1 had a core for only"), out
     assert when in lines[0]
     s = json.load(open(run / "summary.json"))
     recs = metrics(run)

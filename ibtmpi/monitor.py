@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from .status import STARVED_SHARE, hms, slow_worker
+from .status import STARVED_SHARE, hms, ranges, slow_worker
 
 
 class Progress:
@@ -105,25 +105,13 @@ class Starved:
         return out or None
 
 
-def _ranges(ranks):
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(f"{ranks[i]}" if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
 def placement_text(rows, show=4):
     """One line on where the ranks run, from _placement's rows: nodes with
     their ranks (the first `show` nodes), BLAS threads and devices."""
     hosts = {}
     for r, (host, _pid, _thr, _dev) in enumerate(rows):
         hosts.setdefault(host, []).append(r)
-    shown = [f"{h} [{_ranges(rs)}]" for h, rs in list(hosts.items())[:show]]
+    shown = [f"{h} [{ranges(rs)}]" for h, rs in list(hosts.items())[:show]]
     if len(hosts) > show:
         shown.append(f"... {len(hosts) - show} more")
     threads = sorted({t for _h, _p, t, _d in rows if t is not None})

@@ -43,6 +43,18 @@ def eval_rank(rec):
     return rec["val_acc"], -rec.get("val_loss", 0.0)
 
 
+def ranges(ranks):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(f"{ranks[i]}" if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def slow_worker(comp, ratio=SLOW_RATIO):
     """(worker, its compute / the median worker's) when the slowest of
     `comp` (compute seconds per worker) took at least `ratio` times the
@@ -131,6 +143,12 @@ def inspect(run_dir):
         b = summary.get("best") or {}
         if "test_acc" in b and b.get("block") != (summary.get("blocks") or 0) - 1:
             info["best_test"] = b
+        trained = summary.get("blocks", 0) - summary.get("resumed_at_block", 0)
+        starved = {int(w): c for w, c in (summary.get("starved_blocks") or {}).items()
+                   if trained and c >= trained / 2}
+        if starved:          # the trainer's own rule, with its CPU/GPU knowledge
+            info["starved"] = {"workers": sorted(starved), "blocks": min(starved.values()),
+                               "of": trained}
     elif errors:
         info.update(state="failed", errors=errors)
     elif holder is not None:
@@ -190,6 +208,12 @@ def describe(info):
                     f"{info['best']['block']}")
     if bits:
         line += "; " + ", ".join(bits)
+    st = info.get("starved")
+    if st:
+        ws = st["workers"]
+        who = f"worker {ws[0]}" if len(ws) == 1 else f"workers {ranges(ws)}"
+        line += (f"; {who} waited for cores (CPU under 60% of compute time) in "
+                 f"{st['blocks']} of {st['of']} blocks")
     slow = info.get("straggler")
     if slow:
         line += (f"; worker {slow['worker']} computed longest in {slow['blocks']} of the "

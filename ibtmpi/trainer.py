@@ -29,8 +29,8 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import runlock
-from .monitor import Progress, Starved, Stragglers, _ranges, placement_text
-from .status import eval_rank
+from .monitor import Progress, Starved, Stragglers, placement_text
+from .status import eval_rank, ranges
 from .config import DEFAULTS, ConfigError, digest
 from .consensus import Consensus, WorkerState
 from .dataset import Dataset
@@ -721,10 +721,10 @@ class Trainer:
     def _workers_text(self, ws):
         """'worker 3 (rank 4 on node7)', 'worker(s) 0-3 (rank(s) 1-4 on a, b)'."""
         one = len(ws) == 1
-        where = f"worker {ws[0]}" if one else f"worker(s) {_ranges(ws)}"
+        where = f"worker {ws[0]}" if one else f"worker(s) {ranges(ws)}"
         if not self.simulate and len(self.placement) > ws[-1] + 1:
             hosts = ", ".join(sorted({self.placement[i + 1][0] for i in ws}))
-            ranks = f"rank {ws[0] + 1}" if one else f"rank(s) {_ranges([i + 1 for i in ws])}"
+            ranks = f"rank {ws[0] + 1}" if one else f"rank(s) {ranges([i + 1 for i in ws])}"
             where += f" ({ranks} on {hosts})"
         return where
 

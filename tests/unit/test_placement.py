@@ -4,13 +4,14 @@ import os
 
 from ibtmpi.config import load
 from ibtmpi.threads import current_blas_threads
-from ibtmpi.monitor import _ranges, placement_text
+from ibtmpi.monitor import placement_text
+from ibtmpi.status import ranges
 from ibtmpi.trainer import Trainer
 
 
-def test_ranges():
-    assert _ranges([0]) == "0"
-    assert _ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+def testranges():
+    assert ranges([0]) == "0"
+    assert ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
 def test_one_node_of_cpu_workers():

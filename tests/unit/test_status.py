@@ -123,6 +123,24 @@ def test_a_straggling_worker_is_shown(finished, tmp_path, capsys):
     assert "straggler" not in json.loads(out)
 
 
+def test_workers_that_waited_for_cores_are_shown_from_the_summary(finished, tmp_path, capsys):
+    """The trainer counts, per CPU worker, the blocks its process had a core
+    for under 60% of its compute time (summary.json starved_blocks);
+    status names the workers for which that was half the blocks or more."""
+    run = str(tmp_path / "o")
+    shutil.copytree(finished, run)
+    path = os.path.join(run, "summary.json")
+    s = json.load(open(path))
+    assert s["starved_blocks"] == {}          # the tiny run: nobody
+    s["starved_blocks"] = {"0": 12, "1": 9, "2": 5}
+    json.dump(s, open(path, "w"))
+    rc, out, _ = status(capsys, run)
+    assert rc == 0 and out.rstrip().endswith(
+        "; workers 0-1 waited for cores (CPU under 60% of compute time) in 9 of 12 blocks")
+    rc, out, _ = status(capsys, run, json_out=True)
+    assert json.loads(out)["starved"] == {"workers": [0, 1], "blocks": 9, "of": 12}
+
+
 def test_the_best_evaluation_is_named_when_it_is_not_the_last(small_dataset, tmp_path, capsys):
     run = str(tmp_path / "peaked")
     # lr 0.3 on the tiny model: val accuracy peaks before the end

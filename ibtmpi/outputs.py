@@ -222,18 +222,18 @@ TIMELINE_COLORS = {"data": "C7", "compute": "C0", "allreduce": "C3", "consensus"
 
 def timeline_png(run_dir, path, plt, blocks=3):
     """run.timeline: a Gantt chart of every rank's lanes over the last
-    `blocks` traced blocks (the steady state), from RUN/timeline.json, or
-    from the ranks' own files when the run ended before merging them.
-    None when the run was not traced."""
+    `blocks` traced blocks (the steady state), from the ranks' own files
+    (also of a job that failed before merging them), else from
+    RUN/timeline.json. None when the run was not traced."""
     from . import timeline
+    # the ranks' files are the record (a job that failed never merged its
+    # own); the merged file serves where they were removed
+    ev = [e for files in timeline.segments(run_dir).values() for p in files
+          for e in timeline.read_events(p)]
     merged = os.path.join(run_dir, timeline.MERGED)
-    if os.path.exists(merged):
+    if not ev and os.path.exists(merged):
         with open(merged) as f:
             ev = json.load(f)["traceEvents"]
-    else:
-        import glob
-        ev = [e for p in sorted(glob.glob(os.path.join(run_dir, timeline.DIR, "rank-*.json")))
-              for e in timeline.read_events(p)]
     spans = [e for e in ev if e.get("ph") == "X" and "block" in e.get("args", {})]
     if not spans:
         return None

@@ -1,10 +1,13 @@
 """run.timeline: what every rank did when, as Chrome trace events.
 
-Each rank streams its own RUN/timeline/rank-RRRRR.json (the trace event
-format's JSON array form, whose closing bracket is optional, so the file of
-a rank that failed mid-run still opens in chrome://tracing or Perfetto) and
-flushes it once per block. At the end of a run the master merges the files
-into RUN/timeline.json, one process per rank and one lane per worker:
+Each rank streams its own RUN/timeline/from-block-SSSSSS/rank-RRRRR.json
+(S: the block this job started from; the trace event format's JSON array
+form, whose closing bracket is optional, so the file of a rank that failed
+mid-run still opens in chrome://tracing or Perfetto) and flushes it once per
+block. At the end of a job (finished or preempted) the master merges the
+files of every job of the run so far (a requeued run's jobs lie apart on
+the wall clock) into RUN/timeline.json, one process per rank and one lane
+per worker:
 
   data         the worker's wait for its block's minibatches
   compute      its local steps (ssgd: one span per step)
@@ -17,7 +20,6 @@ into RUN/timeline.json, one process per rank and one lane per worker:
 Times are perf_counter readings moved onto the wall clock once per process,
 so ranks on one node line up to well under a millisecond and ranks on
 different nodes as well as their clocks agree (NTP: about a millisecond).
-A resumed job writes the timeline of its own blocks.
 """
 from __future__ import annotations
 
@@ -29,17 +31,50 @@ DIR = "timeline"
 MERGED = "timeline.json"
 
 
-def rank_file(run_dir, rank):
-    return os.path.join(run_dir, DIR, f"rank-{rank:05d}.json")
+def segment_dir(run_dir, start):
+    return os.path.join(run_dir, DIR, f"from-block-{start:06d}")
+
+
+def rank_file(run_dir, start, rank):
+    return os.path.join(segment_dir(run_dir, start), f"rank-{rank:05d}.json")
+
+
+def segments(run_dir):
+    """{start block: [rank files]} of the jobs traced in run_dir."""
+    import glob
+    out = {}
+    for d in sorted(glob.glob(os.path.join(run_dir, DIR, "from-block-*"))):
+        try:
+            start = int(d.rsplit("-", 1)[1])
+        except ValueError:
+            continue
+        out[start] = sorted(glob.glob(os.path.join(d, "rank-*.json")))
+    return out
+
+
+def drop_stale(run_dir, start):
+    """Master, before any rank opens its file: the jobs traced from block
+    `start` on belong to a run this one replaces (a fresh start: all of
+    them; a resume: an earlier try from the same checkpoint or a later
+    one), so their files and the merged file go."""
+    import shutil
+    for s in segments(run_dir):
+        if s >= start:
+            shutil.rmtree(segment_dir(run_dir, s), ignore_errors=True)
+    if start == 0:
+        try:
+            os.remove(os.path.join(run_dir, MERGED))
+        except FileNotFoundError:
+            pass
 
 
 class Timeline:
     """One rank's event stream. lanes: {lane: name} (lane 0: the rank's own
     work; lane 1 + i: worker i)."""
 
-    def __init__(self, run_dir, rank, title, lanes):
-        os.makedirs(os.path.join(run_dir, DIR), exist_ok=True)
-        self.path = rank_file(run_dir, rank)
+    def __init__(self, run_dir, start, rank, title, lanes):
+        os.makedirs(segment_dir(run_dir, start), exist_ok=True)
+        self.path = rank_file(run_dir, start, rank)
         self.f = open(self.path, "w")
         self.rank = rank
         self.off = time.time() - time.perf_counter()
@@ -93,13 +128,12 @@ def read_events(path):
     return events
 
 
-def merge(run_dir, world, meta=None):
-    """RUN/timeline.json from the files of ranks 0..world-1 (replaced
-    whole); returns its path and the event count."""
+def merge(run_dir, meta=None):
+    """RUN/timeline.json from every traced job's rank files (replaced
+    whole); returns its path and the span count."""
     events = []
-    for r in range(world):
-        p = rank_file(run_dir, r)
-        if os.path.exists(p):
+    for files in segments(run_dir).values():
+        for p in files:
             events += read_events(p)
     out = os.path.join(run_dir, MERGED)
     doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}}

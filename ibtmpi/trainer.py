@@ -832,9 +832,8 @@ class Trainer:
         self.tl.close()
         self._final_sync()
         if self.is_master and isinstance(self.tl, timeline.Timeline):
-            world = 1 if self.simulate else mpi.world_size()
-            path, n = timeline.merge(self.run_dir, world, {"run_dir": self.run_dir,
-                                                           "algorithm": self.algo})
+            path, n = timeline.merge(self.run_dir, {"run_dir": self.run_dir,
+                                                    "algorithm": self.algo})
             self.log(f"timeline: {path} ({n} spans; open in https://ui.perfetto.dev "
                      f"or chrome://tracing)")
 
@@ -979,7 +978,9 @@ class Trainer:
         # a run that stopped early (run.early_stop) and is run again: its
         # last checkpoint is the stop block, nothing is left to train
         done = self.is_master and self.early is not None and self.early[0] < start
-        if not (self.simulate or mpi.world_size() == 1):
+        if self.is_master and r["timeline"] and not done:
+            timeline.drop_stale(self.run_dir, start)    # before the bcast: no rank
+        if not (self.simulate or mpi.world_size() == 1):  # has opened its file yet
             done = mpi.bcast(done)
         if done:
             self.total_blocks = start
@@ -1014,7 +1015,7 @@ class Trainer:
         if r["timeline"] and not done:
             role = "master" if self.is_master else f"worker {self.local[0]}"
             self.tl = timeline.Timeline(
-                self.run_dir, self.rank, f"rank {self.rank} ({role})",
+                self.run_dir, start, self.rank, f"rank {self.rank} ({role})",
                 {**({0: "master"} if self.is_master else {}),
                  **{1 + i: f"worker {i}" for i in self.local}})
         old = _install_stop_handlers(self)

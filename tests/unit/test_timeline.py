@@ -1,7 +1,7 @@
 """run.timeline: every rank's phases as Chrome trace events. The spans are
 the same clock readings the metrics are made of, so each worker's compute
 spans add up to its compute_s in metrics.jsonl; a rank that fails leaves
-a file that still reads; a resumed job traces its own blocks."""
+a file that still reads; a requeued run's jobs are merged into one trace."""
 import collections
 import json
 
@@ -75,7 +75,7 @@ def test_off_by_default_and_outside_the_digest(small_dataset, tmp_path):
     assert run_hash(c) == run_hash(cfg(small_dataset, tmp_path / "off"))
 
 
-def test_a_failed_rank_leaves_a_readable_file_and_a_resumed_job_traces_its_own_blocks(
+def test_a_failed_rank_leaves_a_readable_file_and_the_resumed_run_traces_both_jobs(
         small_dataset, tmp_path, monkeypatch):
     monkeypatch.setenv("IBTMPI_FAULT", "0:4:compute")
     with pytest.raises(InjectedFault):
@@ -83,20 +83,44 @@ def test_a_failed_rank_leaves_a_readable_file_and_a_resumed_job_traces_its_own_b
     monkeypatch.delenv("IBTMPI_FAULT")
     assert not (tmp_path / timeline.MERGED).exists()
     # cut off mid-run, with no closing bracket: its blocks up to the failure
-    part = timeline.read_events(timeline.rank_file(str(tmp_path), 0))
+    first = timeline.rank_file(str(tmp_path), 0, 0)
+    part = timeline.read_events(first)
     done = collections.Counter(e["args"]["block"] for e in part
                                if e["ph"] == "X" and e["name"] == "compute")
     assert sorted(done) == [0, 1, 2, 3] and all(v == 3 for v in done.values())
     # a line half written when the rank died is dropped, not fatal
-    with open(timeline.rank_file(str(tmp_path), 0), "a") as f:
+    with open(first, "a") as f:
         f.write('{"name":"compute","ph":"X","pi')
-    assert timeline.read_events(timeline.rank_file(str(tmp_path), 0)) == part
+    assert timeline.read_events(first) == part
 
+    # resumed from the checkpoint after block 2: the merged timeline holds
+    # both jobs (block 3 ran in each), apart on the wall clock
     t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
     t.run()
-    assert t.start == 3          # the checkpoint after block 2
+    assert t.start == 3 and sorted(timeline.segments(str(tmp_path))) == [0, 3]
     ev, _ = spans(tmp_path)
-    assert {e["args"]["block"] for e in ev} == set(range(3, t.total_blocks))
+    comp = collections.Counter(e["args"]["block"] for e in ev if e["name"] == "compute")
+    assert comp == {k: (6 if k == 3 else 3) for k in range(t.total_blocks)}
+    job2 = timeline.read_events(timeline.rank_file(str(tmp_path), 3, 0))
+    assert min(e["ts"] for e in job2 if e["ph"] == "X") > max(
+        e["ts"] + e["dur"] for e in part if e["ph"] == "X")
+
+
+def test_a_fresh_start_drops_the_timeline_of_the_run_it_replaces(
+        small_dataset, tmp_path, monkeypatch):
+    # failed in block 1, before its first checkpoint: the rerun starts at 0
+    monkeypatch.setenv("IBTMPI_FAULT", "0:1:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(cfg(small_dataset, tmp_path), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    stale = timeline.read_events(timeline.rank_file(str(tmp_path), 0, 0))
+    t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
+    t.run()
+    assert t.start == 0
+    ev, _ = spans(tmp_path)
+    comp = collections.Counter(e["args"]["block"] for e in ev if e["name"] == "compute")
+    assert comp == {k: 3 for k in range(t.total_blocks)}
+    assert not {e["ts"] for e in stale if e["ph"] == "X"} & {e["ts"] for e in ev}
 
 
 SLOW_STEP = """

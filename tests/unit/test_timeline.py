@@ -25,6 +25,14 @@ def spans(run_dir):
     return [e for e in doc["traceEvents"] if e["ph"] == "X"], doc
 
 
+def fail_in_block(k, data, run_dir, monkeypatch):
+    """A job that fails in block k's compute (the injected fault)."""
+    monkeypatch.setenv("IBTMPI_FAULT", f"0:{k}:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(cfg(data, run_dir), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+
+
 def metrics(run_dir):
     return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
 
@@ -77,10 +85,7 @@ def test_off_by_default_and_outside_the_digest(small_dataset, tmp_path):
 
 def test_a_failed_rank_leaves_a_readable_file_and_the_resumed_run_traces_both_jobs(
         small_dataset, tmp_path, monkeypatch):
-    monkeypatch.setenv("IBTMPI_FAULT", "0:4:compute")
-    with pytest.raises(InjectedFault):
-        Trainer(cfg(small_dataset, tmp_path), log=lambda m: None).run()
-    monkeypatch.delenv("IBTMPI_FAULT")
+    fail_in_block(4, small_dataset, tmp_path, monkeypatch)
     assert not (tmp_path / timeline.MERGED).exists()
     # cut off mid-run, with no closing bracket: its blocks up to the failure
     first = timeline.rank_file(str(tmp_path), 0, 0)
@@ -109,10 +114,7 @@ def test_a_failed_rank_leaves_a_readable_file_and_the_resumed_run_traces_both_jo
 def test_a_fresh_start_drops_the_timeline_of_the_run_it_replaces(
         small_dataset, tmp_path, monkeypatch):
     # failed in block 1, before its first checkpoint: the rerun starts at 0
-    monkeypatch.setenv("IBTMPI_FAULT", "0:1:compute")
-    with pytest.raises(InjectedFault):
-        Trainer(cfg(small_dataset, tmp_path), log=lambda m: None).run()
-    monkeypatch.delenv("IBTMPI_FAULT")
+    fail_in_block(1, small_dataset, tmp_path, monkeypatch)
     stale = timeline.read_events(timeline.rank_file(str(tmp_path), 0, 0))
     t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
     t.run()
@@ -244,10 +246,7 @@ def test_plot_draws_the_timeline_also_of_a_run_that_failed(small_dataset, tmp_pa
     Trainer(cfg(small_dataset, tmp_path / "ok"), log=lambda m: None).run()
     assert main(["plot", str(tmp_path / "ok"), "--out", str(tmp_path / "p1")]) == 0
     assert (tmp_path / "p1" / "timeline.png").stat().st_size > 5000
-    monkeypatch.setenv("IBTMPI_FAULT", "0:4:compute")
-    with pytest.raises(InjectedFault):
-        Trainer(cfg(small_dataset, tmp_path / "bad"), log=lambda m: None).run()
-    monkeypatch.delenv("IBTMPI_FAULT")
+    fail_in_block(4, small_dataset, tmp_path / "bad", monkeypatch)
     assert not (tmp_path / "bad" / timeline.MERGED).exists()
     assert main(["plot", str(tmp_path / "bad"), "--out", str(tmp_path / "p2")]) == 0
     assert (tmp_path / "p2" / "timeline.png").stat().st_size > 5000

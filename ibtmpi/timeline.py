@@ -1,7 +1,8 @@
 """run.timeline: what every rank did when, as Chrome trace events.
 
 Each rank streams its own RUN/timeline/from-block-SSSSSS/rank-RRRRR.json
-(S: the block this job started from; the trace event format's JSON array
+(S: the block this job started from; a second job from the same block,
+after one that failed, gets from-block-SSSSSS-try02; the trace event format's JSON array
 form, whose closing bracket is optional, so the file of a rank that failed
 mid-run still opens in chrome://tracing or Perfetto) and flushes it once per
 block. At the end of a job (finished or preempted) the master merges the
@@ -31,50 +32,49 @@ DIR = "timeline"
 MERGED = "timeline.json"
 
 
-def segment_dir(run_dir, start):
-    return os.path.join(run_dir, DIR, f"from-block-{start:06d}")
-
-
-def rank_file(run_dir, start, rank):
-    return os.path.join(segment_dir(run_dir, start), f"rank-{rank:05d}.json")
+def rank_file(run_dir, segment, rank):
+    return os.path.join(run_dir, DIR, segment, f"rank-{rank:05d}.json")
 
 
 def segments(run_dir):
-    """{start block: [rank files]} of the jobs traced in run_dir."""
+    """{segment: [rank files]} of the jobs traced in run_dir, in the order
+    they ran (by start block, then try)."""
     import glob
     out = {}
     for d in sorted(glob.glob(os.path.join(run_dir, DIR, "from-block-*"))):
-        try:
-            start = int(d.rsplit("-", 1)[1])
-        except ValueError:
-            continue
-        out[start] = sorted(glob.glob(os.path.join(d, "rank-*.json")))
+        if os.path.isdir(d):
+            out[os.path.basename(d)] = sorted(glob.glob(os.path.join(d, "rank-*.json")))
     return out
 
 
-def drop_stale(run_dir, start):
-    """Master, before any rank opens its file: the jobs traced from block
-    `start` on belong to a run this one replaces (a fresh start: all of
-    them; a resume: an earlier try from the same checkpoint or a later
-    one), so their files and the merged file go."""
+def new_segment(run_dir, start):
+    """Master, before any rank opens its file (the name is broadcast): the
+    segment of a job starting at block `start`. A fresh start (block 0)
+    replaces whatever run the directory held: its segments and merged file
+    go. A resume keeps every earlier job, a failed try from the same
+    checkpoint too (the new one is from-block-S-tryNN)."""
     import shutil
-    for s in segments(run_dir):
-        if s >= start:
-            shutil.rmtree(segment_dir(run_dir, s), ignore_errors=True)
+    base = os.path.join(run_dir, DIR)
     if start == 0:
+        shutil.rmtree(base, ignore_errors=True)
         try:
             os.remove(os.path.join(run_dir, MERGED))
         except FileNotFoundError:
             pass
+    name, n = f"from-block-{start:06d}", 1
+    while os.path.exists(os.path.join(base, name)):
+        n += 1
+        name = f"from-block-{start:06d}-try{n:02d}"
+    return name
 
 
 class Timeline:
     """One rank's event stream. lanes: {lane: name} (lane 0: the rank's own
     work; lane 1 + i: worker i)."""
 
-    def __init__(self, run_dir, start, rank, title, lanes):
-        os.makedirs(segment_dir(run_dir, start), exist_ok=True)
-        self.path = rank_file(run_dir, start, rank)
+    def __init__(self, run_dir, segment, rank, title, lanes):
+        os.makedirs(os.path.join(run_dir, DIR, segment), exist_ok=True)
+        self.path = rank_file(run_dir, segment, rank)
         self.f = open(self.path, "w")
         self.rank = rank
         self.off = time.time() - time.perf_counter()

@@ -978,10 +978,12 @@ class Trainer:
         # a run that stopped early (run.early_stop) and is run again: its
         # last checkpoint is the stop block, nothing is left to train
         done = self.is_master and self.early is not None and self.early[0] < start
-        if self.is_master and r["timeline"] and not done:
-            timeline.drop_stale(self.run_dir, start)    # before the bcast: no rank
-        if not (self.simulate or mpi.world_size() == 1):  # has opened its file yet
-            done = mpi.bcast(done)
+        # run.timeline: the master names this job's segment before the bcast,
+        # so no rank has opened its file when a fresh start clears old ones
+        seg = (timeline.new_segment(self.run_dir, start)
+               if self.is_master and r["timeline"] and not done else None)
+        if not (self.simulate or mpi.world_size() == 1):
+            done, seg = mpi.bcast((done, seg))
         if done:
             self.total_blocks = start
             self.early_agreed = True
@@ -1012,10 +1014,10 @@ class Trainer:
         if cfg["algorithm"]["warmup_steps"] and self.algo != "ssgd" and not start:
             self.opt.lr = self.lr_at(0)
             self._warmup(cfg["algorithm"]["warmup_steps"])
-        if r["timeline"] and not done:
+        if seg is not None:
             role = "master" if self.is_master else f"worker {self.local[0]}"
             self.tl = timeline.Timeline(
-                self.run_dir, start, self.rank, f"rank {self.rank} ({role})",
+                self.run_dir, seg, self.rank, f"rank {self.rank} ({role})",
                 {**({0: "master"} if self.is_master else {}),
                  **{1 + i: f"worker {i}" for i in self.local}})
         old = _install_stop_handlers(self)

@@ -83,12 +83,12 @@ def test_off_by_default_and_outside_the_digest(small_dataset, tmp_path):
     assert run_hash(c) == run_hash(cfg(small_dataset, tmp_path / "off"))
 
 
-def test_a_failed_rank_leaves_a_readable_file_and_the_resumed_run_traces_both_jobs(
+def test_a_failed_rank_leaves_a_readable_file_and_the_resumed_run_traces_every_job(
         small_dataset, tmp_path, monkeypatch):
     fail_in_block(4, small_dataset, tmp_path, monkeypatch)
     assert not (tmp_path / timeline.MERGED).exists()
     # cut off mid-run, with no closing bracket: its blocks up to the failure
-    first = timeline.rank_file(str(tmp_path), 0, 0)
+    first = timeline.rank_file(str(tmp_path), "from-block-000000", 0)
     part = timeline.read_events(first)
     done = collections.Counter(e["args"]["block"] for e in part
                                if e["ph"] == "X" and e["name"] == "compute")
@@ -98,15 +98,18 @@ def test_a_failed_rank_leaves_a_readable_file_and_the_resumed_run_traces_both_jo
         f.write('{"name":"compute","ph":"X","pi')
     assert timeline.read_events(first) == part
 
-    # resumed from the checkpoint after block 2: the merged timeline holds
-    # both jobs (block 3 ran in each), apart on the wall clock
+    # resumed from the checkpoint after block 2, failing again in block 4,
+    # and once more: the merged timeline holds all three jobs (block 3 ran
+    # in each), apart on the wall clock
+    fail_in_block(4, small_dataset, tmp_path, monkeypatch)
     t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
     t.run()
-    assert t.start == 3 and sorted(timeline.segments(str(tmp_path))) == [0, 3]
+    assert t.start == 3 and list(timeline.segments(str(tmp_path))) == [
+        "from-block-000000", "from-block-000003", "from-block-000003-try02"]
     ev, _ = spans(tmp_path)
     comp = collections.Counter(e["args"]["block"] for e in ev if e["name"] == "compute")
-    assert comp == {k: (6 if k == 3 else 3) for k in range(t.total_blocks)}
-    job2 = timeline.read_events(timeline.rank_file(str(tmp_path), 3, 0))
+    assert comp == {k: (9 if k == 3 else 3) for k in range(t.total_blocks)}
+    job2 = timeline.read_events(timeline.rank_file(str(tmp_path), "from-block-000003", 0))
     assert min(e["ts"] for e in job2 if e["ph"] == "X") > max(
         e["ts"] + e["dur"] for e in part if e["ph"] == "X")
 
@@ -115,7 +118,7 @@ def test_a_fresh_start_drops_the_timeline_of_the_run_it_replaces(
         small_dataset, tmp_path, monkeypatch):
     # failed in block 1, before its first checkpoint: the rerun starts at 0
     fail_in_block(1, small_dataset, tmp_path, monkeypatch)
-    stale = timeline.read_events(timeline.rank_file(str(tmp_path), 0, 0))
+    stale = timeline.read_events(timeline.rank_file(str(tmp_path), "from-block-000000", 0))
     t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
     t.run()
     assert t.start == 0

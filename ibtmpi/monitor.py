@@ -106,19 +106,40 @@ class Starved:
 
 
 def placement_text(rows, show=4):
-    """One line on where the ranks run, from _placement's rows: nodes with
-    their ranks (the first `show` nodes), BLAS threads and devices."""
+    """One line on where the ranks run, from _placement's rows (host, pid,
+    BLAS threads, device, usable cores): nodes with their ranks (the first
+    `show` nodes), BLAS threads and devices."""
     hosts = {}
-    for r, (host, _pid, _thr, _dev) in enumerate(rows):
-        hosts.setdefault(host, []).append(r)
+    for r, row in enumerate(rows):
+        hosts.setdefault(row[0], []).append(r)
     shown = [f"{h} [{ranges(rs)}]" for h, rs in list(hosts.items())[:show]]
     if len(hosts) > show:
         shown.append(f"... {len(hosts) - show} more")
-    threads = sorted({t for _h, _p, t, _d in rows if t is not None})
-    devs = [d for _h, _p, _t, d in rows if d != "-"]
+    threads = sorted({row[2] for row in rows if row[2] is not None})
+    devs = [row[3] for row in rows if row[3] != "-"]
     kinds = sorted({d.split()[0] for d in devs})
-    gpus = {(h, d) for h, _p, _t, d in rows if d.startswith("gpu")}
+    gpus = {(row[0], row[3]) for row in rows if row[3].startswith("gpu")}
     return (f"placement: {len(rows)} rank(s) on {len(hosts)} node(s): {', '.join(shown)}; "
             f"BLAS threads per rank {'/'.join(map(str, threads)) or '?'}; workers on "
             f"{'/'.join(kinds) or 'cpu'}"
             + (f" ({len(gpus)} GPU(s) for {len(devs)} worker(s))" if gpus else ""))
+
+
+def oversubscription_text(rows):
+    """A warning when a node's CPU workers run more BLAS threads than the
+    cores they may run on (the union of their affinity masks: a Slurm
+    allocation's cores, or the cores the launcher bound them to), else
+    None. The master, which mostly sleeps, is not counted."""
+    busy, cpus = {}, {}
+    for host, _pid, thr, dev, ids in rows:
+        if dev == "cpu":
+            busy[host] = busy.get(host, 0) + (thr or 1)
+            cpus.setdefault(host, set()).update(ids)
+    over = [(h, b, len(cpus[h])) for h, b in busy.items() if b > len(cpus[h])]
+    if not over:
+        return None
+    eg = ", ".join(f"{h}: {b} worker threads on {c} cores" for h, b, c in over[:3])
+    more = f" and {len(over) - 3} more node(s)" if len(over) > 3 else ""
+    return (f"oversubscribed: {eg}{more}. Workers will wait for cores, so time per "
+            f"block is not computation and speedups are not the algorithm's; for timing, "
+            f"run at most one worker thread per core (fewer ranks, or run.threads)")

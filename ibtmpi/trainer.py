@@ -29,7 +29,8 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import runlock
-from .monitor import Progress, Starved, Stragglers, placement_text
+from .monitor import (Progress, Starved, Stragglers, oversubscription_text,
+                      placement_text)
 from .status import eval_rank, ranges
 from .config import DEFAULTS, ConfigError, digest
 from .consensus import Consensus, WorkerState
@@ -686,7 +687,7 @@ class Trainer:
                           + (": " + "; ".join(notes) if notes else ""))
 
     def _placement(self):
-        """[(host, pid, BLAS threads, device)] of every rank, rank order: one
+        """[(host, pid, BLAS threads, device, CPU ids)] of every rank, rank order: one
         allgather at the start, for the start line and summary.json. It
         also carries what every rank must share, checked here: the same
         ibtmpi and numpy (every rank computes z itself from the reduced
@@ -698,7 +699,11 @@ class Trainer:
         from .threads import current_blas_threads
         dev = "-" if not self.local else (
             "cpu" if self.dev is None else f"gpu {self.dev.device_id()}")
-        me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev)
+        try:                        # the cores it may run on: a Slurm allocation's,
+            cpus = tuple(sorted(os.sched_getaffinity(0)))     # or one bound core
+        except AttributeError:                                # no affinity API (macOS)
+            cpus = tuple(range(os.cpu_count() or 1))
+        me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev, cpus)
         ident = {"ibtmpi": __version__, "numpy": np.__version__,
                  "configuration": self.cfg_hash, "dataset": self.data_fp}
         dist = not (self.simulate or mpi.world_size() == 1)
@@ -751,8 +756,8 @@ class Trainer:
         from . import __version__
         return {"ibtmpi": __version__, "python": platform.python_version(),
                 "numpy": np.__version__, "mpi": mpi.library_version(),
-                "ranks": [{"rank": i, "host": h, "pid": p, "blas_threads": t, "device": d}
-                          for i, (h, p, t, d) in enumerate(self.placement)]}
+                "ranks": [{"rank": i, "host": h, "pid": p, "blas_threads": t, "device": d,
+                           "cores": len(c)} for i, (h, p, t, d, c) in enumerate(self.placement)]}
 
     def _init_mismatch(self, t):
         """Why trained model t cannot start this run's model, or None."""
@@ -893,6 +898,7 @@ class Trainer:
                       f"(block {start} of {self.total_blocks})")
         else:
             resume = "start from block 0" + (f", {self.init_note}" if self.init_note else "")
+        warn = oversubscription_text(self.placement)
         return [
             "dry run: nothing trained, nothing written; the job would start as follows",
             f"  job: {self.algo}, {how}; workers compute on "
@@ -918,6 +924,7 @@ class Trainer:
                    f"one" + (f" (val accuracy up by more than {r['early_stop_delta']:g})"
                              if r["early_stop_delta"] else "") if r["early_stop"] else "")),
             "  " + placement_text(self.placement),
+            *([f"  {warn}"] if warn else []),
             f"  run.dir: {self.run_dir}: "
             + ("free" if lock is None else f"its lock would be taken over ({lock})"),
             "  time limit: " + ("none" if self.deadline is None else
@@ -1163,6 +1170,9 @@ class Trainer:
         if self.lr_at.describe():
             self.log(self.lr_at.describe())
         self.log(placement_text(self.placement))
+        warn = oversubscription_text(self.placement)
+        if warn:
+            self.log(warn)
 
     def _finish(self, t_start, cpu_start, calls0, bytes0, images):
         r = self.cfg["run"]

@@ -126,7 +126,7 @@ say "ok: template ran with 3 ranks, $lines metrics lines"
 sed -e "s#run1#run2#" -e "s#passes = 2#passes = 300#" run.toml > long.toml
 say "submitting a long job to preempt"
 id=$(sbatch --parsable --overcommit --export=ALL,IBTMPI_VENV=$VENV \
-     "$ROOT/slurm/cpu.sbatch" long.toml --set run.checkpoint_every=1000)
+     "$ROOT/slurm/cpu.sbatch" long.toml --set run.checkpoint_every=1000 --set run.timeline=true)
 for i in $(seq 1 120); do
     [ -f run2/metrics.jsonl ] && [ "$(wc -l < run2/metrics.jsonl)" -ge 3 ] && break
     sleep 1
@@ -152,8 +152,22 @@ grep -q "exit status 75" "ibtmpi-$id.out" || { cat "ibtmpi-$id.out"; say "FAIL: 
 grep -q "requeueing job $id" "ibtmpi-$id.out" || { say "FAIL: not requeued"; exit 1; }
 grep -q "resuming from" "ibtmpi-$id.out" || { cat "ibtmpi-$id.out"; say "FAIL: requeued job did not resume"; exit 1; }
 ls run2/checkpoints
+# run.timeline: the preempted job merged its 3 ranks' traces; the requeued
+# job traces into a segment of its own
+"$VENV/bin/python" - <<'PY' || { say "FAIL: preempted job's timeline"; exit 1; }
+import json
+doc = json.load(open("run2/timeline.json"))
+pids = {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"}
+assert pids == {0, 1, 2}, pids
+PY
+for i in $(seq 1 60); do
+    [ "$(ls run2/timeline | wc -l)" -ge 2 ] && break
+    sleep 1
+done
+ls run2/timeline
+[ "$(ls run2/timeline | wc -l)" -ge 2 ] || { say "FAIL: the requeued job wrote no timeline segment"; exit 1; }
 scancel "$id" || true
-say "ok: preempted job checkpointed, requeued itself and resumed"
+say "ok: preempted job checkpointed, merged its timeline, requeued itself and resumed"
 
 # 3) the other templates, shrunk to this one-node CPU cluster: the GPU node
 # template with CPU workers, and both multi-node launch styles on one node

@@ -27,6 +27,7 @@ import sys
 import time
 
 from . import launcher
+from .status import starved_workers
 
 ALGOS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
 
@@ -175,6 +176,7 @@ def load_run(d):
         "worker_compute_per_pass": sum(l["compute_mean_s"] for l in lines) / passes,
         "worker_cpu_per_pass": (sum(statistics.mean(l["compute_cpu_s"]) for l in lines) / passes
                                 if lines and all("compute_cpu_s" in l for l in lines) else None),
+        "starved": starved_workers(s),
         "allreduce_calls_per_pass": s["allreduce_calls"] / passes,
         "allreduce_mib_per_pass": s["allreduce_bytes"] / passes / 2 ** 20,
         "rank0_cpu_share": s.get("rank0_cpu_share"),
@@ -314,6 +316,8 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
            "MiB/pass | rank 0 CPU (outside eval) |", "|---|" + "---|" * 10]
     for r in sorted(ok, key=lambda r: (r["algorithm"], r["N"])):
         mode = "sim" if r["simulated"] else ("1 proc" if r["N"] == 1 else "mpi")
+        if r.get("starved"):
+            mode += " (oversubscribed)"
         sp_w = (f"{base['wall_per_pass'] / r['wall_per_pass']:.2f}x"
                 if base and not r["simulated"] else "n/a")
         sp_c = (f"{base['critical_per_pass'] / r['critical_per_pass']:.2f}x"
@@ -330,6 +334,10 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
                   f"{r['critical_per_pass']:.2f} | {sp_c} | {work} | {ips} | "
                   f"{r['allreduce_calls_per_pass']:.0f} | {r['allreduce_mib_per_pass']:.1f} | "
                   f"{cpu} |")
+    if any(r.get("starved") for r in ok):
+        md += ["", "Oversubscribed: its CPU workers had a core for under 60% of their compute "
+                   "time in half the blocks or more (more worker threads than cores): its "
+                   "times are the wait for cores, not the algorithm's."]
     md += ["", "Simulated runs compute every worker in one process: their times are "
            "not speedups (n/a); their accuracy equals the MPI run's (tested to 1e-6).", ""]
     # targets

@@ -55,6 +55,19 @@ def ranges(ranks):
     return ",".join(out)
 
 
+def starved_workers(summary):
+    """{workers, blocks, of} of a finished run's CPU workers that had a core
+    for under STARVED_SHARE of their compute time in half its blocks or
+    more (summary.json starved_blocks: the trainer's count, made knowing
+    which workers were on CPUs), else None."""
+    trained = summary.get("blocks", 0) - summary.get("resumed_at_block", 0)
+    starved = {int(w): c for w, c in (summary.get("starved_blocks") or {}).items()
+               if trained and c >= trained / 2}
+    if not starved:
+        return None
+    return {"workers": sorted(starved), "blocks": min(starved.values()), "of": trained}
+
+
 def slow_worker(comp, ratio=SLOW_RATIO):
     """(worker, its compute / the median worker's) when the slowest of
     `comp` (compute seconds per worker) took at least `ratio` times the
@@ -143,12 +156,9 @@ def inspect(run_dir):
         b = summary.get("best") or {}
         if "test_acc" in b and b.get("block") != (summary.get("blocks") or 0) - 1:
             info["best_test"] = b
-        trained = summary.get("blocks", 0) - summary.get("resumed_at_block", 0)
-        starved = {int(w): c for w, c in (summary.get("starved_blocks") or {}).items()
-                   if trained and c >= trained / 2}
-        if starved:          # the trainer's own rule, with its CPU/GPU knowledge
-            info["starved"] = {"workers": sorted(starved), "blocks": min(starved.values()),
-                               "of": trained}
+        starved = starved_workers(summary)
+        if starved:
+            info["starved"] = starved
     elif errors:
         info.update(state="failed", errors=errors)
     elif holder is not None:

@@ -43,6 +43,16 @@ def test_report_tables_plots_and_targets(small_dataset, tmp_path, capsys):
     wc = sum(r["compute_mean_s"] for r in m) / 2
     cc = sum(sum(r["compute_cpu_s"]) / 2 for r in m) / 2
     assert f"| {wc:.2f}, {cc:.2f} ({cc / wc:.0%}) |" in md
+    assert "oversubscribed" not in md.lower()
+    # a run whose workers waited for cores is marked as such in T3
+    sp = tmp_path / "t1-ibt-2" / "summary.json"
+    summ = json.load(open(sp))
+    summ["starved_blocks"] = {"0": summ["blocks"], "1": summ["blocks"]}
+    json.dump(summ, open(sp, "w"))
+    assert main(["bench", "report", *runs, "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "| t1-ibt-2 | sim (oversubscribed) |" in md          # simulated: N = 2 in one process
+    assert "Oversubscribed: its CPU workers had a core" in md
     rep = json.load(open(out / "report.json"))
     assert {r["name"] for r in rep["runs"]} == {os.path.basename(r) for r in runs}
     for f in ("t4_val_accuracy.png", "t5_residuals_rho.png"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from .status import STARVED_SHARE, hms, ranges, slow_worker
+from .status import STARVED_SHARE, hms, mostly, ranges, slow_worker
 
 
 class Progress:
@@ -100,7 +100,7 @@ class Starved:
         out = {}
         for i, c in self.counts.items():
             shares = sorted(r[i] for r in self.recent if i in r)
-            if c >= max(2, blocks / 2) and shares:
+            if mostly(c, blocks) and shares:
                 out[i] = shares[len(shares) // 2]
         return out or None
 

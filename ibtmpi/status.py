@@ -55,6 +55,13 @@ def ranges(ranks):
     return ",".join(out)
 
 
+def mostly(count, blocks):
+    """A worker starved in `count` of `blocks` blocks counts as starved in the
+    run: half of them or more, at least 2. The trainer's end-of-run report
+    and status/bench use this one rule."""
+    return count >= max(2, blocks / 2)
+
+
 def starved_workers(summary):
     """{workers, blocks, of} of a finished run's CPU workers that had a core
     for under STARVED_SHARE of their compute time in half its blocks or
@@ -62,7 +69,7 @@ def starved_workers(summary):
     which workers were on CPUs), else None."""
     trained = summary.get("blocks", 0) - summary.get("resumed_at_block", 0)
     starved = {int(w): c for w, c in (summary.get("starved_blocks") or {}).items()
-               if trained and c >= trained / 2}
+               if mostly(c, trained)}
     if not starved:
         return None
     return {"workers": sorted(starved), "blocks": min(starved.values()), "of": trained}

@@ -310,18 +310,18 @@ def allreduce_sweep(sizes_bytes, reps=7, warmup=2):
 
 def worker_local_rank(comm=None):
     """This rank's index among the WORKER ranks (world rank >= 1) on its node,
-    from Split_type (launcher independent); -1 on the master."""
+    from Split_type (launcher independent); -1 on the master. Collective:
+    every rank of `comm` calls it."""
     comm = comm or world()
     me = comm.Get_rank()
-    if me == 0 and comm.Get_size() > 1:
-        return -1
-    if MPI is None:
+    if MPI is None or comm.Get_size() == 1:
         return 0
-    quiet_arrival(comm)
+    quiet_arrival(comm)             # collective: the master takes part too
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     try:
         ranks = node.allgather(me)
     finally:
         node.Free()
-    workers = sorted(r for r in ranks if r != 0 or comm.Get_size() == 1)
-    return workers.index(me)
+    if me == 0:
+        return -1
+    return sorted(r for r in ranks if r != 0).index(me)

@@ -22,6 +22,14 @@ def test_node_rank_size_from_split_type():
     assert sorted(ranks) == list(range(n))
 
 
+def test_worker_local_rank_is_collective_and_skips_the_master():
+    """Every rank calls it (it was once a collective the master skipped:
+    `--device gpu` under mpiexec hung at start). Single node: workers are
+    numbered 0..size-2 in rank order, the master gets -1."""
+    got = W.allgather(comm.worker_local_rank())
+    assert got == [-1] + list(range(W.Get_size() - 1))
+
+
 def test_auto_threads_divide_the_node():
     n_local = comm.node_rank_size()[1]
     got = threads.configure("auto")

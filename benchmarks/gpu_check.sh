@@ -16,6 +16,7 @@
 # took. Our own package is installed from this tree with --no-deps (or, where
 # pip cannot build it without network, laid out by copying): numpy, h5py,
 # threadpoolctl, tqdm and pillow must be there (bring wheels if not).
+# Rehearsed on a CPU in CI: tests/unit/test_gpu_check.py.
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR}
 mkdir -p "$out"
@@ -62,7 +63,16 @@ if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index --targe
     cp -r ibtmpi "$site/ibtmpi" && cp -r kernels "$site/ibtmpi/kernels" \
         && cp -r data_prep "$site/ibtmpi/data_prep" || { echo "copy failed"; exit 1; }
 fi
-export PYTHONPATH="$site" PYTHONUNBUFFERED=1
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# GPU_CHECK_QUICK=1: tiny sizes, for a rehearsal of the stages on a CPU
+# through the CuPy stand-in (tests/standin on PYTHONPATH; tests/unit/
+# test_gpu_check.py): it checks this script, not the GPU
+if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then
+    images="--n 300 --size 16" step="--batches 2,3 --steps 1 --warmup 1"
+    model="--set model.layers=tiny --set data.batch=16 --set data.split_size=40"
+else
+    images="--n 4000 --size 64" step="" model="--set data.split_size=256"
+fi
 env=$out/env.txt
 nvidia-smi >"$env" 2>&1
 stage imports 60 "$env" python3 -c \
@@ -80,24 +90,27 @@ stage gpu-tests 240 "$out/gpu_tests.txt" \
 grep -Eq "[0-9]+ passed" "$out/gpu_tests.txt" ||
     echo "gpu-tests: NO TEST PASSED (all skipped? see gpu_tests.txt)" | tee -a "$out/stages.txt"
 stage step-vs-cudnn 180 "$out/gpu_step.txt" \
-    python3 benchmarks/bench_gpu_step.py --json "$out/gpu_step.json"
+    python3 benchmarks/bench_gpu_step.py $step --json "$out/gpu_step.json"
 data=$tmp/d
-stage prep 120 "$out/train.txt" python3 -m ibtmpi prep synth "$data" --n 4000 --size 64 --shards 2 --quiet
+stage prep 120 "$out/train.txt" python3 -m ibtmpi prep synth "$data" $images --shards 2 --quiet
 # the timeline shows where GPU workers spend a block (compute spans carry
 # the host CPU seconds: a host thread spinning in a sync shows there)
-sets="--set data.path=$data --set data.split_size=256 --set run.passes=2 --set run.dir=$tmp/run --set run.quiet=true --set run.timeline=true"
+sets="--set data.path=$data $model --set run.passes=2 --set run.dir=$tmp/run --set run.quiet=true --set run.timeline=true"
 # Open MPI refuses root without these; MPICH ignores them
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if command -v mpiexec >/dev/null && timeout 60 python3 -c "from mpi4py import MPI" >/dev/null 2>&1; then
+    # mpiexec and what it needs for 3 ranks here (Open MPI: --oversubscribe
+    # on fewer cores, as root --allow-run-as-root)
+    mpiexec=$(python3 -c "from ibtmpi import launcher; print(' '.join(launcher.command(3)))")
     # run.cuda_aware = auto: the "block buffers:" line says what the MPI
     # library reported and where the workers' buffers went
-    stage train-mpi 180 "$out/train.txt" mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets
+    stage train-mpi 180 "$out/train.txt" $mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets
     aware=$(timeout 60 python3 -c "from ibtmpi import comm; print(comm.cuda_support()[0])")
     if [ "$aware" = True ]; then
         # both modes: with 2 workers the reduced sums and so z must be bitwise equal
         sets2="${sets/run.dir=$tmp\/run/run.dir=$tmp/run-off}"
         stage train-mpi-cuda-aware-off 180 "$out/train.txt" \
-            mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets2 --set run.cuda_aware=off
+            $mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets2 --set run.cuda_aware=off
         same_z "cuda_aware on vs off" "$tmp/run" "$tmp/run-off"
     fi
 else
@@ -106,7 +119,7 @@ else
     stage train-simulate 180 "$out/train.txt" python3 -m ibtmpi train --device gpu --simulate 2 $sets
 fi
 # no atomics anywhere: the same GPU run twice must give the same z bit for bit
-rep="--set data.path=$data --set data.split_size=256 --set run.passes=1 --set run.quiet=true"
+rep="--set data.path=$data $model --set run.passes=1 --set run.quiet=true"
 for i in 1 2; do
     stage "repeat-$i" 120 "$tmp/repeat.log" \
         python3 -m ibtmpi train --device gpu --simulate 2 $rep --set run.dir=$tmp/rep$i >/dev/null

@@ -42,6 +42,9 @@ class _RawModule:
     def get_function(self, name):
         return _Fn(self.mod, name)
 
+    def compile(self):
+        """Built in __init__ already (CuPy compiles lazily, here eagerly)."""
+
 
 class _Stream:
     def __init__(self, log):
@@ -57,6 +60,7 @@ class _Cuda:
 
     def __init__(self):
         self.log = []
+        self.runtime = _Runtime()
 
     def alloc_pinned_memory(self, nbytes):
         self.log.append(("pinned", nbytes))
@@ -69,14 +73,26 @@ class _Cuda:
         return _Device(self.log, index)
 
 
+class _Runtime:
+    """cupy.cuda.runtime: one visible device."""
+
+    @staticmethod
+    def getDeviceCount():                            # noqa: N802 (CuPy's name)
+        return 1
+
+
 class _Device(_Stream):
-    """cupy.cuda.Device: synchronize (logged like a stream's), its ordinal
-    and the compute capability string."""
+    """cupy.cuda.Device: synchronize (logged like a stream's), its ordinal,
+    the compute capability string, use()."""
     compute_capability = "90"
 
     def __init__(self, log, index=0):
         super().__init__(log)
         self.id = index
+
+    def use(self):
+        if self.id != 0:
+            raise ValueError(f"invalid device ordinal {self.id} (one visible device)")
 
 
 class _MemoryPool:

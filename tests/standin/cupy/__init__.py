@@ -1,0 +1,16 @@
+"""`import cupy` for a rehearsal of benchmarks/gpu_check.sh on a CPU: the
+CuPy stand-in of tests/unit/fakecupy.py (host-emulated kernels, CuPy's
+rules on NumPy memory) as a module, with one visible "device". Put
+tests/standin on PYTHONPATH; never installed."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "unit"))
+import fakecupy  # noqa: E402
+
+__version__ = "stand-in"
+_cp = fakecupy.FakeCupy()
+
+
+def __getattr__(name):
+    return getattr(_cp, name)

@@ -1,0 +1,78 @@
+"""A rehearsal of benchmarks/gpu_check.sh, the script a real-GPU run
+consists of, on this CPU: `import cupy` finds the CuPy stand-in
+(tests/standin), sizes are tiny (GPU_CHECK_QUICK=1). It checks the script
+and the `--device gpu` start-up path under mpiexec, not the GPU: the first
+rehearsal found the workers waiting in a collective the master skipped."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BIN = os.path.dirname(sys.executable)
+
+# the MPI library says it is CUDA-aware, so the script also runs the
+# cuda_aware = off training and compares the two models
+AWARE = ("import ibtmpi.comm as c\n"
+         "c.cuda_support = lambda: (True, 'stand-in: CUDA-aware')\n")
+
+
+def rehearse(tmp_path, path, sitecustomize=None):
+    pp = [os.path.join(ROOT, "tests", "standin")]
+    if sitecustomize:
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text(sitecustomize)
+        pp.insert(0, str(tmp_path / "site"))
+    env = dict(os.environ, PATH=path, PYTHONPATH=os.pathsep.join(pp), GPU_CHECK_QUICK="1")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), str(out)],
+                       env=env, capture_output=True, text=True, timeout=900)
+    log = r.stdout[-4000:] + r.stderr[-2000:]
+    stages = dict(line.split(": ", 1) for line in (out / "stages.txt").read_text().splitlines())
+    return out, stages, log
+
+
+def ok(stages, names, log):
+    assert list(stages) == names, log
+    for name in names:
+        assert stages[name].startswith("ok,"), f"{name}: {stages[name]}\n{log}"
+
+
+COMMON = ["imports", "compile", "gpu-tests", "step-vs-cudnn", "prep"]
+REPEAT = ["repeat-1", "repeat-2"]
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(BIN, "mpiexec")),
+                    reason="no mpiexec beside this Python")
+def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
+    out, stages, log = rehearse(tmp_path, f"{BIN}{os.pathsep}{os.environ['PATH']}", AWARE)
+    ok(stages, COMMON + ["train-mpi", "train-mpi-cuda-aware-off"] + REPEAT, log)
+    train = (out / "train.txt").read_text()
+    assert "device buffers to MPI" in train and "staged through pinned host buffers" in train
+    assert "cuda_aware on vs off, z bitwise equal: True" in train, train
+    assert "GPU run repeated, z bitwise equal: True" in train, train
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["env.txt", "gpu_step.json", "gpu_step.txt", "gpu_tests.txt", "stages.txt",
+                     "train.txt", "train_summary.json", "train_timeline.json"]   # 8 come back
+    assert [r["batch"] for r in json.loads((out / "gpu_step.json").read_text())] == [2, 3]
+    assert "passed" in (out / "gpu_tests.txt").read_text()
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert (summary["N"], summary["world_size"], summary["simulated"]) == (2, 3, False)
+
+
+def test_gpu_check_stages_without_mpiexec(tmp_path):
+    """No mpiexec on PATH: the 2 workers are simulated in one process."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_ / "python3").chmod(0o755)
+    path = os.pathsep.join([str(bin_)] + [d for d in os.environ["PATH"].split(os.pathsep)
+                                          if not os.path.exists(os.path.join(d, "mpiexec"))])
+    out, stages, log = rehearse(tmp_path, path)
+    ok(stages, COMMON + ["train-simulate"] + REPEAT, log)
+    train = (out / "train.txt").read_text()
+    assert "2 workers simulated in one process" in train
+    assert "GPU run repeated, z bitwise equal: True" in train, train

@@ -132,12 +132,17 @@ _CT = {"float*": ctypes.c_void_p, "unsigned char*": ctypes.c_void_p,
        "int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float}
 
 
-def _ctype(t):
+def base_type(t):
+    """A parameter's type without qualifiers: 'float*', 'long long', ..."""
     base = t.replace("const", "").replace("__restrict__", "").replace(" ", "")
     base = base.replace("unsignedchar", "unsigned char").replace("longlong", "long long")
     if base not in _CT:
         raise KernelError(f"host emulation: unsupported parameter type {t!r}")
-    return _CT[base]
+    return base
+
+
+def _ctype(t):
+    return _CT[base_type(t)]
 
 
 class HostModule:

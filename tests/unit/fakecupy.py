@@ -18,12 +18,39 @@ class _Fn:
         self.mod, self.name = mod, name
 
     def __call__(self, grid, block, args):
-        for a in args:                     # CuPy rejects host arrays as kernel args
-            _host_in(a, f"RawKernel {self.name}")
+        params = self.mod._sigs[self.name]
+        if len(args) != len(params):
+            raise TypeError(f"RawKernel {self.name}: {len(args)} arguments for "
+                            f"{len(params)} parameters")
+        for a, (t, pname) in zip(args, params):
+            _host_in(a, f"RawKernel {self.name}")   # CuPy rejects host arrays
+            _check_arg(self.name, pname, kernelcheck.base_type(t), a)
         conv = [a if isinstance(a, np.ndarray) else
                 (int(a) if isinstance(a, (np.integer, int)) else float(a)) for a in args]
         # emulate a bounded grid: grid-stride loops cover the rest
         getattr(self.mod, self.name)(min(int(grid[0]), 64), min(int(block[0]), 64), *conv)
+
+
+# what CuPy passes for an argument must be what the kernel reads: a device
+# array of the pointer's element type, a NumPy scalar of the parameter's
+# width (CuPy passes a Python int as 8 bytes and a Python float as a double,
+# which shifts every later argument of an `int` or `float` parameter)
+_ARG = {"float*": np.float32, "unsigned char*": np.uint8, "long long*": np.int64,
+        "int*": np.int32, "int": np.int32, "long long": np.int64, "float": np.float32}
+
+
+def _check_arg(kernel, pname, base, a):
+    want = _ARG[base]
+    if base.endswith("*"):
+        ok = isinstance(a, DeviceArray) and a.dtype == want and a.flags.c_contiguous
+        got = (f"{type(a).__name__} {getattr(a, 'dtype', '')}"
+               f"{'' if getattr(a, 'flags', None) is None or a.flags.c_contiguous else ' (strided)'}")
+    else:
+        ok, got = type(a) is want, type(a).__name__
+    if not ok:
+        raise TypeError(f"RawKernel {kernel}: parameter {pname} ({base}) needs "
+                        f"{'a contiguous device array of ' if base.endswith('*') else ''}"
+                        f"{np.dtype(want).name}, got {got}")
 
 
 class _RawModule:

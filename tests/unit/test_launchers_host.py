@@ -151,3 +151,20 @@ def test_the_stand_in_rejects_what_cupy_rejects(g):
     assert isinstance(s, g.cp.ndarray) and s.ndim == 0 and float(s) == 8.0
     d[...] = h                                      # host -> device assignment: allowed
     assert g.asnumpy(d).tolist() == [1.0] * 4
+
+
+def test_the_stand_in_checks_each_kernel_argument_against_the_cu_signature(g):
+    """A Python int or float, a scalar of the wrong width or a device array of
+    the wrong dtype shifts or misreads arguments on a GPU: each fails here.
+    relu_fwd(const float* x, float* y, long long n)."""
+    k = g._k("activation.cu", "relu_fwd")
+    x, y = g.asarray(np.ones(4, np.float32)), g.cp.empty(4, np.float32)
+    k((1,), (32,), (x, y, np.int64(4)))                     # as the launcher passes them
+    assert g.asnumpy(y).tolist() == [1.0] * 4
+    for bad, what in [((x, y, 4), "long long.*int"),
+                      ((x, y, np.int32(4)), "long long.*int32"),
+                      ((g.asarray(np.ones(4)), y, np.int64(4)), "float32, got .*float64"),
+                      ((x, y[::2], np.int64(2)), "strided"),
+                      ((x, y), "2 arguments for 3")]:
+        with pytest.raises(TypeError, match=what):
+            k((1,), (32,), bad)

@@ -1,8 +1,9 @@
 """Device backends: the ONLY module that imports cupy.
 
-``select(device)`` resolves ``auto | cpu | gpu`` (auto = gpu when CuPy sees
-a device) and raises DeviceError, never falls back silently, when gpu is
-asked for and unavailable. ``GpuOps`` launches the hand-written kernels of
+``workers_device`` resolves ``auto | cpu | gpu`` alike on every rank from
+what each rank's CuPy sees (auto = gpu when every worker has a device; the
+master needs none) and raises DeviceError, never falls back silently, when
+gpu is asked for and a worker has none; ``select`` does it for one process. ``GpuOps`` launches the hand-written kernels of
 kernels/*.cu (compiled once per process by CuPy's RawModule, cached on
 disk by CuPy) with the exact signatures of the NumPy reference ops in
 ops.py / optim.py / consensus.py; GEMMs go through cupy.matmul (cuBLAS).
@@ -39,14 +40,39 @@ def gpu_status():
 
 
 def select(device="auto"):
-    if device not in ("auto", "cpu", "gpu"):
-        raise DeviceError(f"device must be auto, cpu or gpu, got {device!r}")
+    """cpu | gpu for this process alone (see workers_device)."""
     if device == "cpu":
         return "cpu"
-    ok, why = gpu_status()
-    if device == "gpu" and not ok:
-        raise DeviceError(f"--device gpu was asked for but {why}; use --device cpu")
-    return "gpu" if ok else "cpu"
+    return workers_device(device, [(*gpu_status(), "")])[0]
+
+
+def workers_device(asked, statuses, master=True):
+    """The one device every computing rank uses, decided alike on every rank
+    from what each rank sees: (cpu | gpu, note or None). `statuses`: one
+    (available, reason, host) per rank, rank 0 first. With `master`, rank 0
+    of several is the master and needs no GPU: only the workers count. gpu
+    where a worker has none is an error naming it; auto computes on the CPU
+    unless every worker has one (mixed nodes would leave a collective
+    half-entered)."""
+    if asked not in ("auto", "cpu", "gpu"):
+        raise DeviceError(f"device must be auto, cpu or gpu, got {asked!r}")
+    if asked == "cpu":
+        return "cpu", None
+    workers = list(enumerate(statuses))
+    if master and len(workers) > 1:
+        workers = workers[1:]
+    missing = [(r, why, host) for r, (ok, why, host) in workers if not ok]
+    if not missing:
+        return "gpu", None
+    if len(statuses) == 1:
+        where = missing[0][1]
+    else:
+        r, why, host = missing[0]
+        more = f" and {len(missing) - 1} more worker rank(s)" if len(missing) > 1 else ""
+        where = f"rank {r} ({host}){more}: {why}"
+    if asked == "gpu":
+        raise DeviceError(f"--device gpu was asked for but {where}; use --device cpu")
+    return "cpu", f"--device auto: computing on the CPU ({where})"
 
 
 def resolve_cuda_aware(mode, gpu, distributed, report):

@@ -244,16 +244,20 @@ def cmd_demo(args):
     return subprocess.call(cmd)
 
 
-def _device(asked, log):
-    """cpu | gpu for --device asked: gpu raises DeviceError where CuPy or a
-    GPU is missing (never a silent fallback); auto picks gpu where CuPy
-    sees one and says when it falls back to the CPU."""
-    if asked == "cpu":
-        return "cpu"
-    from .backend import gpu_status, select
-    device = select(asked)
-    if asked == "auto" and device == "cpu":
-        log(f"--device auto: computing on the CPU ({gpu_status()[1]})")
+def _device(asked, log, master=True):
+    """cpu | gpu for --device asked, the same on every rank (collective):
+    gpu raises DeviceError where CuPy or a GPU is missing on a worker rank
+    (never a silent fallback); auto picks gpu where every worker sees one
+    and says when it falls back to the CPU. With `master`, rank 0 needs no
+    GPU (training); evaluation computes on every rank."""
+    from . import comm
+    from .backend import gpu_status, workers_device
+    import socket
+    mine = (False, "", "") if asked == "cpu" else (*gpu_status(), socket.gethostname())
+    statuses = comm.allgather(mine) if asked != "cpu" else [mine]
+    device, note = workers_device(asked, statuses, master)
+    if note:
+        log(note)
     return device
 
 
@@ -433,7 +437,8 @@ def cmd_evaluate(args):
                 os.makedirs(args.out, exist_ok=True)
             except OSError as e:
                 raise UsageError(f"--out {args.out}: {e.strerror}") from None
-        if _device(args.device, lambda m: rank == 0 and print(m, file=sys.stderr)) == "gpu":
+        if _device(args.device, lambda m: rank == 0 and print(m, file=sys.stderr),
+                   master=False) == "gpu":
             from .backend import GpuOps, bind_worker_gpu
             bind_worker_gpu(comm.node_rank_size()[0])
             tm = tm.to_device(GpuOps())

@@ -93,3 +93,35 @@ def test_pinned_staging_helpers_on_the_stand_in():
     assert not ops.on_device(buf)
     ops.synchronize()
     assert ops.cp.cuda.log[-1] == "sync"
+
+
+# -- one device decision for every rank ---------------------------------------
+GPU, NONE = (True, "1 CUDA device(s)", "g1"), (False, "CuPy sees no CUDA device", "c1")
+
+
+@pytest.mark.parametrize("asked", ["gpu", "auto"])
+def test_the_master_needs_no_gpu(asked):
+    assert backend.workers_device(asked, [NONE, GPU, GPU]) == ("gpu", None)
+
+
+def test_gpu_asked_where_a_worker_has_none_names_it():
+    with pytest.raises(backend.DeviceError,
+                       match=r"but rank 2 \(c1\) and 1 more worker rank\(s\): CuPy sees no"):
+        backend.workers_device("gpu", [GPU, GPU, NONE, NONE])
+    with pytest.raises(backend.DeviceError, match=r"but CuPy sees no CUDA device; use"):
+        backend.workers_device("gpu", [NONE])        # one process: it is the worker
+
+
+def test_auto_on_mixed_workers_computes_on_the_cpu_everywhere_and_says_why():
+    """Every rank reaches the same answer from the same gathered list, so no
+    rank enters a GPU-only collective (worker_local_rank) alone."""
+    got = backend.workers_device("auto", [GPU, GPU, NONE])
+    assert got == ("cpu", "--device auto: computing on the CPU "
+                          "(rank 2 (c1): CuPy sees no CUDA device)")
+    assert backend.workers_device("auto", [NONE]) == (
+        "cpu", "--device auto: computing on the CPU (CuPy sees no CUDA device)")
+
+
+def test_evaluation_counts_every_rank():
+    assert backend.workers_device("auto", [NONE, GPU], master=False)[0] == "cpu"
+    assert backend.workers_device("cpu", [GPU, GPU]) == ("cpu", None)

@@ -1,0 +1,45 @@
+"""--device under mpiexec where the ranks do not all see a GPU: one decision
+for every rank, made from what each sees (an MPMD launch gives the ranks
+different PYTHONPATHs: tests/standin's `cupy` is the CuPy stand-in with one
+device, without it CuPy is missing). The master needs no GPU; a worker
+without one is named; nothing hangs."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import MPIEXEC, mpiexec, train_args
+
+pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec beside this Python")
+STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "standin")
+
+
+def launch(parts, device, data, run):
+    """parts: [(ranks, has_gpu)] in rank order."""
+    cmd = mpiexec(parts[0][0], *[n for n, _ in parts[1:]])[:-2]
+    for i, (n, gpu) in enumerate(parts):
+        cmd += ([":"] if i else []) + ["-n", str(n), "env", f"PYTHONPATH={STANDIN if gpu else ''}",
+                                       sys.executable, "-m", "ibtmpi", "train", "--device",
+                                       device] + train_args(data, run, passes=0.5)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_gpu_workers_with_a_master_that_has_no_gpu(small_dataset, tmp_path):
+    r = launch([(1, False), (2, True)], "gpu", small_dataset, tmp_path / "run")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["N"] == 2 and s["world_size"] == 3
+
+
+def test_auto_with_a_worker_without_gpu_computes_on_the_cpu(small_dataset, tmp_path):
+    r = launch([(2, True), (1, False)], "auto", small_dataset, tmp_path / "run")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "--device auto: computing on the CPU (rank 2 (" in r.stdout
+    assert "CuPy is not installed" in r.stdout
+
+
+def test_gpu_with_a_worker_without_gpu_fails_naming_it(small_dataset, tmp_path):
+    r = launch([(2, True), (1, False)], "gpu", small_dataset, tmp_path / "run")
+    assert r.returncode != 0
+    assert "ibtmpi train: error: --device gpu was asked for but rank 2 (" in r.stderr

@@ -20,13 +20,14 @@ AWARE = ("import ibtmpi.comm as c\n"
          "c.cuda_support = lambda: (True, 'stand-in: CUDA-aware')\n")
 
 
-def rehearse(tmp_path, path, sitecustomize=None):
+def rehearse(tmp_path, path, sitecustomize=None, **more_env):
     pp = [os.path.join(ROOT, "tests", "standin")]
     if sitecustomize:
         (tmp_path / "site").mkdir()
         (tmp_path / "site" / "sitecustomize.py").write_text(sitecustomize)
         pp.insert(0, str(tmp_path / "site"))
-    env = dict(os.environ, PATH=path, PYTHONPATH=os.pathsep.join(pp), GPU_CHECK_QUICK="1")
+    env = dict(os.environ, PATH=path, PYTHONPATH=os.pathsep.join(pp), GPU_CHECK_QUICK="1",
+               **more_env)
     out = tmp_path / "out"
     r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), str(out)],
                        env=env, capture_output=True, text=True, timeout=900)
@@ -65,14 +66,27 @@ def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
 
 def test_gpu_check_stages_without_mpiexec(tmp_path):
     """No mpiexec on PATH: the 2 workers are simulated in one process."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
-    (bin_ / "python3").chmod(0o755)
-    path = os.pathsep.join([str(bin_)] + [d for d in os.environ["PATH"].split(os.pathsep)
-                                          if not os.path.exists(os.path.join(d, "mpiexec"))])
-    out, stages, log = rehearse(tmp_path, path)
+    out, stages, log = rehearse(tmp_path, no_mpiexec_path(tmp_path))
     ok(stages, COMMON + ["train-simulate"] + REPEAT, log)
     train = (out / "train.txt").read_text()
     assert "2 workers simulated in one process" in train
     assert "GPU run repeated, z bitwise equal: True" in train, train
+
+
+def no_mpiexec_path(tmp_path):
+    """A PATH with this Python as python3 and no mpiexec."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_ / "python3").chmod(0o755)
+    return os.pathsep.join([str(bin_)] + [d for d in os.environ["PATH"].split(os.pathsep)
+                                          if not os.path.exists(os.path.join(d, "mpiexec"))])
+
+
+def test_gpu_check_keeps_to_its_budget(tmp_path):
+    """Stages that would start with under 10 s of GPU_CHECK_BUDGET left are
+    skipped and say so; the script still ends and writes its summary."""
+    out, stages, log = rehearse(tmp_path, no_mpiexec_path(tmp_path), GPU_CHECK_BUDGET="0")
+    assert list(stages) == COMMON + ["train-simulate"] + REPEAT, log
+    assert set(stages.values()) == {"SKIPPED (the 0 s budget is spent)"}
+    assert "not compared, a run did not finish" in (out / "train.txt").read_text()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-from .status import STARVED_SHARE, hms, mostly, ranges, slow_worker
+from .status import (STARVED_NEED, STARVED_SHARE, STARVED_WINDOW, hms, mostly, ranges,
+                     slow_worker)
 
 
 class Progress:
@@ -73,15 +74,17 @@ class Starved:
     the last `window` blocks, block() returns {worker: median share} of
     them, once per run."""
 
-    def __init__(self, workers, window=10, need=8, min_s=0.05):
+    def __init__(self, workers, window=STARVED_WINDOW, need=STARVED_NEED, min_s=0.05):
         self.workers, self.window, self.need, self.min_s = workers, window, need, min_s
         self.recent = []                 # {worker: share} of the last `window` blocks
         self.counts = {}                 # worker -> blocks it was starved in
+        self.now = []                    # the workers starved in the last block
         self.reported = False
 
     def block(self, comp, cpu):
         now = {i: float(cpu[i]) / float(comp[i]) for i in self.workers
                if comp[i] >= self.min_s and cpu[i] < STARVED_SHARE * comp[i]}
+        self.now = sorted(now)
         for i in now:
             self.counts[i] = self.counts.get(i, 0) + 1
         self.recent = (self.recent + [now])[-self.window:]

@@ -35,6 +35,7 @@ def _metrics(run_dir):
 SLOW_RATIO = 1.25         # a block's slowest worker straggles at this x its median
 STARVED_SHARE = 0.6       # a CPU worker whose process had a core for less of
                           # its compute time waited for cores (oversubscribed)
+STARVED_WINDOW, STARVED_NEED = 10, 8   # reported live when starved in 8 of the last 10
 
 
 def eval_rank(rec):
@@ -73,6 +74,23 @@ def starved_workers(summary):
     if not starved:
         return None
     return {"workers": sorted(starved), "blocks": min(starved.values()), "of": trained}
+
+
+def starved_recent(recs, window=STARVED_WINDOW, need=STARVED_NEED):
+    """{workers, blocks, of, last} of the workers starved (metrics `starved`:
+    the trainer's per-block list, made knowing which workers are on CPUs)
+    in `need` of the last `window` blocks, else None: the live report's
+    rule, for a run that is still going or was cut off."""
+    recent = recs[-window:]
+    counts = {}
+    for r in recent:
+        for w in r.get("starved", ()):
+            counts[w] = counts.get(w, 0) + 1
+    hit = {w: c for w, c in counts.items() if c >= need}
+    if not hit:
+        return None
+    return {"workers": sorted(hit), "blocks": min(hit.values()), "of": len(recent),
+            "last": True}
 
 
 def slow_worker(comp, ratio=SLOW_RATIO):
@@ -140,6 +158,9 @@ def inspect(run_dir):
         slow = straggler(recs)
         if slow:
             info["straggler"] = slow
+        starved = starved_recent(recs)
+        if starved:
+            info["starved"] = starved
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
@@ -163,6 +184,7 @@ def inspect(run_dir):
         b = summary.get("best") or {}
         if "test_acc" in b and b.get("block") != (summary.get("blocks") or 0) - 1:
             info["best_test"] = b
+        info.pop("starved", None)          # the whole run's rule instead
         starved = starved_workers(summary)
         if starved:
             info["starved"] = starved
@@ -229,8 +251,9 @@ def describe(info):
     if st:
         ws = st["workers"]
         who = f"worker {ws[0]}" if len(ws) == 1 else f"workers {ranges(ws)}"
-        line += (f"; {who} waited for cores (CPU under 60% of compute time) in "
-                 f"{st['blocks']} of {st['of']} blocks")
+        line += (f"; {who} waited for cores (CPU under {STARVED_SHARE:.0%} of compute "
+                 f"time) in {st['blocks']} of {'the last ' if st.get('last') else ''}"
+                 f"{st['of']} blocks")
     slow = info.get("straggler")
     if slow:
         line += (f"; worker {slow['worker']} computed longest in {slow['blocks']} of the "

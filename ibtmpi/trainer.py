@@ -1073,6 +1073,8 @@ class Trainer:
                     if slow is not None:
                         self.log(self._straggler_text(*slow))
                     starved = self.starved.block(comp, cpu)
+                    if self.starved.now:      # for `ibtmpi status` of a live run
+                        rec["starved"] = self.starved.now
                     if starved:
                         self.log(self._starved_text(
                             starved, f"{self.starved.need}+ of the last "

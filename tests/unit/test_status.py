@@ -141,6 +141,32 @@ def test_workers_that_waited_for_cores_are_shown_from_the_summary(finished, tmp_
     assert json.loads(out)["starved"] == {"workers": [0, 1], "blocks": 9, "of": 12}
 
 
+def test_workers_waiting_for_cores_are_shown_while_the_run_is_not_finished(
+        finished, tmp_path, capsys):
+    """The trainer lists the CPU workers starved in each block (metrics
+    `starved`); for a run still going or cut off, status applies the live
+    report's rule: starved in 8 of the last 10 blocks."""
+    run = halfway(finished, tmp_path / "w")
+    path = os.path.join(run, "metrics.jsonl")
+    recs = [json.loads(l) for l in open(path)]
+    assert not any("starved" in r for r in recs)      # the tiny run: nobody
+    for k, r in enumerate(recs):                      # 9 blocks
+        r["starved"] = [0, 1] if k != 4 else [1]      # 0 in 8, 1 in 9, 2 in none
+        if k < 2:
+            r["starved"].append(2)
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    rc, out, _ = status(capsys, run)
+    assert out.rstrip().endswith(
+        "; workers 0-1 waited for cores (CPU under 60% of compute time) in 8 of the "
+        "last 9 blocks"), out
+    recs[1]["starved"] = [1]                          # worker 0 now in 7 of 9
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    rc, out, _ = status(capsys, run, json_out=True)
+    assert json.loads(out)["starved"] == {"workers": [1], "blocks": 9, "of": 9, "last": True}
+
+
 def test_the_best_evaluation_is_named_when_it_is_not_the_last(small_dataset, tmp_path, capsys):
     run = str(tmp_path / "peaked")
     # lr 0.3 on the tiny model: val accuracy peaks before the end

@@ -241,6 +241,7 @@ def test_a_worker_that_waits_for_cores_is_named_once(small_dataset, tmp_path, pa
     recs = metrics(run)
     assert s["starved_blocks"] == {"1": len(recs)} and len(recs) == 4 * passes
     assert all(r["compute_s"][1] - r["compute_cpu_s"][1] >= 0.075 for r in recs)
+    assert all(r.get("starved") == [1] for r in recs)     # what status reads live
 
 
 def test_plot_draws_the_timeline_also_of_a_run_that_failed(small_dataset, tmp_path, monkeypatch):

@@ -3,8 +3,9 @@
 ``workers_device`` resolves ``auto | cpu | gpu`` alike on every rank from
 what each rank's CuPy sees (auto = gpu when every worker has a device; the
 master needs none) and raises DeviceError, never falls back silently, when
-gpu is asked for and a worker has none; ``select`` does it for one process. ``GpuOps`` launches the hand-written kernels of
-kernels/*.cu (compiled once per process by CuPy's RawModule, cached on
+gpu is asked for and a worker has none; ``select`` does it for one
+process. ``GpuOps`` launches the hand-written kernels of kernels/*.cu
+(compiled once per process by CuPy's RawModule, cached on
 disk by CuPy) with the exact signatures of the NumPy reference ops in
 ops.py / optim.py / consensus.py; GEMMs go through cupy.matmul (cuBLAS).
 ``worker_device`` binds a worker rank to a GPU: its rank among the workers

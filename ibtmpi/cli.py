@@ -250,11 +250,12 @@ def _device(asked, log, master=True):
     (never a silent fallback); auto picks gpu where every worker sees one
     and says when it falls back to the CPU. With `master`, rank 0 needs no
     GPU (training); evaluation computes on every rank."""
+    if asked == "cpu":
+        return "cpu"
+    import socket
     from . import comm
     from .backend import gpu_status, workers_device
-    import socket
-    mine = (False, "", "") if asked == "cpu" else (*gpu_status(), socket.gethostname())
-    statuses = comm.allgather(mine) if asked != "cpu" else [mine]
+    statuses = comm.allgather((*gpu_status(), socket.gethostname()))
     device, note = workers_device(asked, statuses, master)
     if note:
         log(note)

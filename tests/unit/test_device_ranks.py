@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import MPIEXEC, mpiexec, train_args
+from conftest import MPIEXEC, train_args
 
 pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec beside this Python")
 STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "standin")
@@ -17,7 +17,8 @@ STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def launch(parts, device, data, run):
     """parts: [(ranks, has_gpu)] in rank order."""
-    cmd = mpiexec(parts[0][0], *[n for n, _ in parts[1:]])[:-2]
+    from ibtmpi import launcher
+    cmd = launcher.command(sum(n for n, _ in parts), MPIEXEC)
     for i, (n, gpu) in enumerate(parts):
         cmd += ([":"] if i else []) + ["-n", str(n), "env", f"PYTHONPATH={STANDIN if gpu else ''}",
                                        sys.executable, "-m", "ibtmpi", "train", "--device",

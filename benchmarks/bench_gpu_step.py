@@ -2,7 +2,8 @@
 """Training step of the reference CNN on one GPU: our CUDA kernels (via
 backend.GpuOps) vs PyTorch/cuDNN fp32 (TF32 off), 64x64x3 input, batch 64
 and 256, side by side; images/s, ratio (target >= 0.7x cuDNN) and peak GPU
-memory. Usage: python benchmarks/bench_gpu_step.py [--json OUT.json]
+memory; then our step op by op (where its time goes, for the next round of
+kernel work). Usage: python benchmarks/bench_gpu_step.py [--json OUT.json]
 """
 import argparse
 import json
@@ -11,7 +12,56 @@ import time
 import numpy as np
 
 
-def ours(batch, steps, warmup):
+# the GpuOps calls a training step makes, timed one by one in the breakdown
+TIMED = ("conv2d_forward", "conv2d_backward", "maxpool_forward", "maxpool_backward",
+         "relu_forward", "relu_backward", "linear_forward", "linear_backward",
+         "softmax_xent_forward", "softmax_xent_forward_device", "softmax_xent_backward",
+         "sgd_update", "asarray")
+
+
+def breakdown(ops, step, steps):
+    """Where a step's time goes: {op: [calls per step, ms per step]} of the
+    outermost GpuOps calls, each between two stream synchronizes (so the
+    ops run one at a time: the sum exceeds an unsynchronized step), and
+    'outside the ops' (Python and the model's own array expressions)."""
+    times, calls, depth = {}, {}, [0]
+
+    def timed(name, fn):
+        def call(*a, **k):
+            if depth[0]:
+                return fn(*a, **k)        # inside another timed op: counted there
+            depth[0] += 1
+            ops.synchronize()
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                ops.synchronize()
+                times[name] = times.get(name, 0.0) + time.perf_counter() - t
+                calls[name] = calls.get(name, 0) + 1
+                depth[0] -= 1
+        return call
+
+    for name in TIMED:
+        setattr(ops, name, timed(name, getattr(ops, name)))
+    try:
+        ops.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        ops.synchronize()
+        total = time.perf_counter() - t0
+    finally:
+        for name in TIMED:
+            delattr(ops, name)
+    out = {n: [calls[n] / steps, 1e3 * times[n] / steps] for n in sorted(times, key=times.get,
+                                                                         reverse=True)}
+    out["outside the ops"] = [0, 1e3 * (total - sum(times.values())) / steps]
+    out["step (synchronized)"] = [0, 1e3 * total / steps]
+    return out
+
+
+def ours(batch, steps, warmup, split=False):
     from ibtmpi.backend import GpuOps
     from ibtmpi.model import Model
     from ibtmpi.optim import SGD
@@ -25,15 +75,20 @@ def ours(batch, steps, warmup):
     x = cupy.asarray(rng.standard_normal((batch, 3, 64, 64), dtype=np.float32))
     y = rng.integers(0, 5, batch)
     peak = 0
+
+    def step():
+        m.loss_and_grad(x, y, lazy=True)     # as the trainer: no host sync per step
+        opt.step(m.grads)
+
     for i in range(warmup + steps):
         if i == warmup:
             cupy.cuda.Device().synchronize()
             t0 = time.perf_counter()
-        m.loss_and_grad(x, y, lazy=True)     # as the trainer: no host sync per step
-        opt.step(m.grads)
+        step()
         peak = max(peak, pool.total_bytes())
     cupy.cuda.Device().synchronize()
-    return batch * steps / (time.perf_counter() - t0), peak
+    img_s = batch * steps / (time.perf_counter() - t0)
+    return img_s, peak, (breakdown(ops, step, steps) if split else None)
 
 
 def torch_ref(batch, steps, warmup):
@@ -69,24 +124,35 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batches", default="64,256", help="comma-separated batch sizes")
     ap.add_argument("--json")
+    ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                    help="skip the per-op timing of our step")
     a = ap.parse_args(argv)
-    rows = []
+    rows, splits = [], []
     print("| batch | ours img/s | cuDNN fp32 img/s | ours/cuDNN | ours peak MiB | torch peak MiB |")
     print("|---|---|---|---|---|---|")
     for batch in (int(b) for b in a.batches.split(",")):
-        o, om = ours(batch, a.steps, a.warmup)
+        o, om, split = ours(batch, a.steps, a.warmup, a.breakdown)
         try:                 # a broken PyTorch must not cost our own figures
             t, tm = torch_ref(batch, a.steps, a.warmup)
         except Exception as e:
             print(f"PyTorch/cuDNN failed at batch {batch}: {type(e).__name__}: {e}", flush=True)
             t = tm = float("nan")
         rows.append({"batch": batch, "ours_img_s": o, "torch_img_s": t, "ratio": o / t,
-                     "ours_peak_mib": om / 2**20, "torch_peak_mib": tm / 2**20})
+                     "ours_peak_mib": om / 2**20, "torch_peak_mib": tm / 2**20,
+                     "ours_ms_per_op": split})
+        splits.append((batch, split))
         print(f"| {batch} | {o:,.0f} | {t:,.0f} | {o / t:.2f} | {om / 2**20:.0f} | "
               f"{tm / 2**20:.0f} |", flush=True)
         if a.json:           # after each batch size: a later failure keeps these
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)
+
+    for batch, split in splits if a.breakdown else ():
+        print(f"\nour step at batch {batch}, op by op (each between stream synchronizes):")
+        print("| op | calls/step | ms/step |")
+        print("|---|---|---|")
+        for name, (calls, ms) in split.items():
+            print(f"| {name} | {calls:g} | {ms:.3f} |")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 BOOT = f"""
 import sys
+
+import pytest
 sys.path.insert(0, {HERE!r})
 import pytest
 import fakecupy
@@ -58,3 +62,15 @@ def test_gpu_step_benchmark_runs_on_the_stand_in(tmp_path, monkeypatch, capsys):
     assert all(r["ours_img_s"] > 0 for r in rows)
     text = capsys.readouterr().out
     assert text.count("\n| 2 |") + text.count("\n| 3 |") == 2, text
+    # op by op: every op of the reference CNN's step, once per layer, and
+    # the parts add up to the synchronized step
+    split = rows[0]["ours_ms_per_op"]
+    calls = {op: c for op, (c, _) in split.items()}
+    assert calls["conv2d_forward"] == calls["conv2d_backward"] == 3
+    assert calls["maxpool_forward"] == calls["maxpool_backward"] == 3
+    assert calls["linear_forward"] == calls["linear_backward"] == 2
+    assert calls["relu_forward"] == calls["relu_backward"] == 4
+    assert calls["sgd_update"] >= 1
+    parts = sum(ms for op, (_, ms) in split.items() if op != "step (synchronized)")
+    assert parts == pytest.approx(split["step (synchronized)"][1], rel=1e-6)
+    assert "our step at batch 3, op by op" in text

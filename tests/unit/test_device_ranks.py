@@ -44,3 +44,25 @@ def test_gpu_with_a_worker_without_gpu_fails_naming_it(small_dataset, tmp_path):
     r = launch([(2, True), (1, False)], "gpu", small_dataset, tmp_path / "run")
     assert r.returncode != 0
     assert "ibtmpi train: error: --device gpu was asked for but rank 2 (" in r.stderr
+
+
+def test_evaluate_on_gpu_ranks_matches_the_cpu(small_dataset, tmp_path):
+    """`ibtmpi evaluate --device gpu` under mpiexec: every rank computes (no
+    master), each binds its node-local GPU; the report is the CPU one's."""
+    from ibtmpi import launcher
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "ibtmpi", "train", "--simulate", "2"]
+                   + train_args(small_dataset, run, passes=0.5), check=True,
+                   capture_output=True, timeout=120)
+    reports = {}
+    for device in ("cpu", "gpu"):
+        out = tmp_path / device
+        r = subprocess.run(launcher.command(2, MPIEXEC) + [
+            "-n", "2", "env", f"PYTHONPATH={STANDIN}", sys.executable, "-m", "ibtmpi",
+            "evaluate", str(run / "model.npz"), "--data", small_dataset, "--device", device,
+            "--out", str(out)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        reports[device] = json.loads((out / "report.json").read_text())
+    assert reports["gpu"]["ranks"] == 2
+    for key in ("accuracy", "confusion"):
+        assert reports["gpu"][key] == reports["cpu"][key]

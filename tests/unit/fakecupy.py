@@ -160,10 +160,23 @@ class DeviceArray(np.ndarray):
         return _device(res)
 
     def set(self, host):
+        """Host -> device as CuPy's set: same shape and dtype, a contiguous
+        target (no broadcasting or casting, unlike NumPy's assignment)."""
+        _same_layout(host, self, "set")
         _base(self)[...] = host
 
     def get(self):
         return np.array(_base(self))
+
+
+def _same_layout(src, dst, what):
+    if not isinstance(src, np.ndarray) or src.shape != dst.shape:
+        raise ValueError(f"cupy {what}: shape mismatch ({getattr(src, 'shape', type(src))} "
+                         f"into {dst.shape})")
+    if src.dtype != dst.dtype:
+        raise TypeError(f"cupy {what}: {src.dtype} array cannot be set to {dst.dtype} array")
+    if not dst.flags.c_contiguous:
+        raise RuntimeError(f"cupy {what}: cannot copy into a non-contiguous array")
 
 
 def _base(a):
@@ -256,5 +269,6 @@ class FakeCupy:
     def asnumpy(x, out=None):
         if out is None:
             return np.array(_base(x))            # a new host array
+        _same_layout(x, out, "asnumpy(out=)")    # CuPy neither casts nor broadcasts
         np.copyto(out, _base(x))
         return out

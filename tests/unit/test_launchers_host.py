@@ -168,3 +168,18 @@ def test_the_stand_in_checks_each_kernel_argument_against_the_cu_signature(g):
                       ((x, y), "2 arguments for 3")]:
         with pytest.raises(TypeError, match=what):
             k((1,), (32,), bad)
+
+
+def test_the_stand_in_copies_as_cupy_does(g):
+    """set() and asnumpy(out=) neither cast nor broadcast (NumPy's copyto
+    does both), and set() needs a contiguous target."""
+    d = g.cp.zeros(4, np.float32)
+    with pytest.raises(TypeError, match="float64 array cannot be set to float32"):
+        d.set(np.ones(4))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        d.set(np.ones(1, np.float32))
+    with pytest.raises(RuntimeError, match="non-contiguous"):
+        d[::2].set(np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="cannot be set"):
+        g.cp.asnumpy(d, out=np.empty(4))
+    assert g.to_host(d + 1, np.empty(4, np.float32)).tolist() == [1.0] * 4

@@ -11,6 +11,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VENV=$(cd "${1:-$ROOT/.venv}" && pwd)
 say() { echo "[slurm-ci] $*"; }
+passed=0
+ok() { passed=$((passed + 1)); say "ok: $*"; }
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
     say "installing slurm-wlm and munge"
     apt-get update -qq >/dev/null
@@ -120,7 +122,7 @@ grep -q "final test accuracy" "ibtmpi-$id.out" || { say "FAIL: no final accuracy
 lines=$(wc -l < run1/metrics.jsonl)
 [ "$lines" -ge 2 ] || { say "FAIL: metrics.jsonl has $lines lines"; exit 1; }
 grep -q '"world_size": 3' run1/summary.json || { say "FAIL: not 3 ranks"; exit 1; }
-say "ok: template ran with 3 ranks, $lines metrics lines"
+ok "template ran with 3 ranks, $lines metrics lines"
 
 # 2) preemption: SIGUSR1 to the job steps -> checkpoint, exit 75, requeue, resume
 sed -e "s#run1#run2#" -e "s#passes = 2#passes = 300#" run.toml > long.toml
@@ -167,7 +169,7 @@ done
 ls run2/timeline
 [ "$(ls run2/timeline | wc -l)" -ge 2 ] || { say "FAIL: the requeued job wrote no timeline segment"; exit 1; }
 scancel "$id" || true
-say "ok: preempted job checkpointed, merged its timeline, requeued itself and resumed"
+ok "preempted job checkpointed, merged its timeline, requeued itself and resumed"
 
 # 3) the other templates, shrunk to this one-node CPU cluster: the GPU node
 # template with CPU workers, and both multi-node launch styles on one node
@@ -182,10 +184,22 @@ run_template() {   # name, run dir, ranks, sbatch options...
     cat "ibtmpi-$id.out"
     grep -q "final test accuracy" "ibtmpi-$id.out" || { say "FAIL: $name: no final accuracy line"; exit 1; }
     grep -q "\"world_size\": $ranks" "$dir/summary.json" || { say "FAIL: $name: not $ranks ranks"; exit 1; }
-    say "ok: $name ran with $ranks ranks"
+    ok "$name ran with $ranks ranks"
 }
 run_template gpu-node.sbatch run3 3 --overcommit --ntasks=3 --cpus-per-task=1 \
     --gpus-per-node=0 --export=ALL,IBTMPI_VENV=$VENV,IBTMPI_DEVICE=cpu
+# the same template with GPU workers: the CuPy stand-in (tests/standin: one
+# "GPU" per node, kernels emulated on the host) makes `--device gpu` start
+# under srun as on a GPU node: the master binds none, each worker its local
+# GPU, and the block buffers go through pinned host memory
+run_template gpu-node.sbatch run3g 3 --overcommit --ntasks=3 --cpus-per-task=1 \
+    --gpus-per-node=0 --export=ALL,IBTMPI_VENV=$VENV,PYTHONPATH=$ROOT/tests/standin
+"$VENV/bin/python" - <<'PY' || { say "FAIL: gpu-node with GPU workers: devices"; exit 1; }
+import json
+ranks = json.load(open("run3g/summary.json"))["environment"]["ranks"]
+assert [r["device"] for r in ranks] == ["-", "gpu 0", "gpu 0"], ranks
+PY
+ok "gpu-node.sbatch with GPU workers (stand-in): master on the host, workers on GPU 0"
 run_template multinode-srun.sbatch run4 2 --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
     --export=ALL,IBTMPI_VENV=$VENV,IBTMPI_SRUN_MPI=pmi2
 run_template multinode-mpirun.sbatch run5 2 --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
@@ -208,7 +222,7 @@ done
 scancel "$id" || true
 grep -q "exit status 75" "ibtmpi-$id.out" || { cat "ibtmpi-$id.out"; say "FAIL: mpirun template: no exit 75"; exit 1; }
 ls run6/checkpoints | grep -q ckpt- || { say "FAIL: mpirun template: no checkpoint"; exit 1; }
-say "ok: mpirun template forwarded SIGUSR1 from the batch shell, checkpointed and requeued"
+ok "mpirun template forwarded SIGUSR1 from the batch shell, checkpointed and requeued"
 
 # 5) the run's own time limit, with no signal at all: the master reads the
 # job's end (SLURM_JOB_END_TIME, or squeue on Slurm < 23.02) and stops every
@@ -223,5 +237,5 @@ grep -q "ibtmpi train: preempted: stopped by the time limit" "ibtmpi-$id.out" ||
     { tail -20 "ibtmpi-$id.out"; say "FAIL: the run did not stop itself before the limit"; exit 1; }
 grep -q "exit status 75" "ibtmpi-$id.out" || { say "FAIL: time limit: no exit 75"; exit 1; }
 ls run7/checkpoints | grep -q ckpt- || { say "FAIL: time limit: no checkpoint"; exit 1; }
-say "ok: the run stopped itself with a checkpoint before the job's time limit"
-say "slurm: 7 passed, 0 failed"
+ok "the run stopped itself with a checkpoint before the job's time limit"
+say "slurm: $passed passed, 0 failed"

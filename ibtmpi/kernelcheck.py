@@ -1,9 +1,11 @@
 """Checks of the CUDA sources on machines WITHOUT a GPU (and with one).
 
 * ``compile_ptx(path, arch)``: NVRTC (libnvrtc from the nvidia-cuda-nvrtc
-  wheel or the CUDA toolkit, through ctypes: no CuPy, no driver) compiles a
-  .cu file to PTX for compute_70/80/90; ``compile_nvcc`` does the same with
-  nvcc where the toolkit supports the architecture.
+  wheels or the CUDA toolkit, through ctypes: no CuPy, no driver) compiles a
+  .cu file to PTX for compute_70/80/90; with ``lib=`` another NVRTC found
+  by ``nvrtc_libs`` (CUDA 13, which a current CuPy compiles with, knows
+  compute_80/90 but no longer compute_70: ``archs``); ``compile_nvcc``
+  does the same with nvcc where the toolkit supports the architecture.
 * ``host_module(path)``: the same .cu compiled as C++ with host_emu.h, each
   ``extern "C" __global__`` kernel wrapped in ``emu_<name>(grid, block,
   args...)`` that loops over blocks and threads; loaded with ctypes so
@@ -39,37 +41,62 @@ class KernelError(Exception):
 
 # -- NVRTC through ctypes --------------------------------------------------
 
-def find_nvrtc():
-    """Path of libnvrtc: the pip wheel's first, then the CUDA toolkit's."""
+def nvrtc_libs():
+    """{CUDA major version: libnvrtc path} of every NVRTC here: the pip
+    wheels' (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvrtc 13), then the CUDA
+    toolkit's; the first found of each version."""
     cands = []
     for p in sys.path:
-        cands += glob.glob(os.path.join(p, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*"))
-        cands += glob.glob(os.path.join(p, "nvidia", "cu*", "lib", "libnvrtc.so*"))
+        cands += sorted(glob.glob(os.path.join(p, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*")))
+        cands += sorted(glob.glob(os.path.join(p, "nvidia", "cu*", "lib", "libnvrtc.so*")))
     for root in ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"):
-        cands += glob.glob(os.path.join(root, "libnvrtc.so*"))
-    cands = [c for c in cands if "builtins" not in c and "alt" not in os.path.basename(c)]
-    return sorted(cands)[0] if cands else None
+        cands += sorted(glob.glob(os.path.join(root, "libnvrtc.so*")))
+    found = {}
+    for c in cands:
+        if "builtins" in c or "alt" in os.path.basename(c):
+            continue
+        m = re.search(r"\.so\.(\d+)", os.path.basename(c))
+        major = int(m.group(1)) if m else int(nvrtc_version(c).split(".")[0])
+        found.setdefault(major, c)
+    return found
 
 
-def _nvrtc():
-    path = find_nvrtc()
+def find_nvrtc():
+    """Path of the oldest NVRTC here (it knows the most architectures), or None."""
+    libs = nvrtc_libs()
+    return libs[min(libs)] if libs else None
+
+
+def archs(major):
+    """The ARCHS an NVRTC of CUDA `major` compiles for (13 dropped compute_70)."""
+    return ARCHS if major < 13 else tuple(a for a in ARCHS if a != "compute_70")
+
+
+_LIBS = {}
+
+
+def _nvrtc(path=None):
+    path = path or find_nvrtc()
     if path is None:
         raise KernelError("libnvrtc not found: pip install nvidia-cuda-nvrtc-cu12")
-    lib = ctypes.CDLL(path)
-    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
-    return lib
+    if path not in _LIBS:
+        lib = ctypes.CDLL(path)
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        _LIBS[path] = lib
+    return _LIBS[path]
 
 
-def nvrtc_version():
-    lib = _nvrtc()
+def nvrtc_version(path=None):
+    lib = _nvrtc(path)
     a, b = ctypes.c_int(), ctypes.c_int()
     lib.nvrtcVersion(ctypes.byref(a), ctypes.byref(b))
     return f"{a.value}.{b.value}"
 
 
-def compile_ptx(path, arch="compute_80"):
-    """PTX text of one .cu file for `arch`; raises KernelError with the log."""
-    lib = _nvrtc()
+def compile_ptx(path, arch="compute_80", lib=None):
+    """PTX text of one .cu file for `arch` (with the NVRTC at path `lib`, else
+    find_nvrtc's); raises KernelError with the log."""
+    lib = _nvrtc(lib)
     src = open(path, "rb").read()
     prog = ctypes.c_void_p()
 
@@ -212,19 +239,23 @@ def host_module(path, cache_dir=None):
 
 
 def main():
-    print(f"NVRTC {nvrtc_version()} ({find_nvrtc()})")
+    libs = nvrtc_libs()
+    if not libs:
+        _nvrtc()                                   # raises: how to get one
     ok = True
-    for src in sources():
-        row = [os.path.basename(src)]
-        for arch in ARCHS:
-            try:
-                ptx = compile_ptx(src, arch)
-                row.append(f"{arch}: {ptx.count('.entry')} kernels")
-            except KernelError as e:
-                ok = False
-                row.append(f"{arch}: FAILED")
-                print(e, file=sys.stderr)
-        print("  ".join(row))
+    for major, lib in sorted(libs.items()):
+        print(f"NVRTC {nvrtc_version(lib)} ({lib})")
+        for src in sources():
+            row = [os.path.basename(src)]
+            for arch in archs(major):
+                try:
+                    ptx = compile_ptx(src, arch, lib)
+                    row.append(f"{arch}: {ptx.count('.entry')} kernels")
+                except KernelError as e:
+                    ok = False
+                    row.append(f"{arch}: FAILED")
+                    print(e, file=sys.stderr)
+            print("  ".join(row))
     return 0 if ok else 1
 
 

@@ -34,6 +34,26 @@ def test_compiles_with_nvrtc(name, arch):
     assert f".target sm_{arch.split('_')[1]}" in ptx
 
 
+NVRTC13 = {m: p for m, p in kc.nvrtc_libs().items() if m >= 13}
+
+
+@pytest.mark.skipif(not NVRTC13, reason="no NVRTC of CUDA 13 (pip install nvidia-cuda-nvrtc)")
+@pytest.mark.parametrize("arch", kc.archs(13))
+@pytest.mark.parametrize("name", sorted(CU))
+def test_compiles_with_the_nvrtc_of_cuda_13(name, arch):
+    """The toolkit generation a current CuPy (cupy-cuda13x) compiles the
+    kernels with at run time: the same sources and options must pass it."""
+    major = max(NVRTC13)
+    ptx = kc.compile_ptx(CU[name], arch, NVRTC13[major])
+    assert ptx.count(".entry") == len(kc.signatures(CU[name]))
+    assert f".target sm_{arch.split('_')[1]}" in ptx
+    assert kc.nvrtc_version(NVRTC13[major]).startswith(f"{major}.")
+
+
+def test_nvrtc_13_knows_no_compute_70():
+    assert kc.archs(12) == kc.ARCHS and "compute_70" not in kc.archs(13)
+
+
 def test_a_broken_kernel_fails_to_compile(tmp_path):
     bad = tmp_path / "bad.cu"
     bad.write_text('extern "C" __global__ void k(float* x) { x[0] = undefined_thing; }\n')

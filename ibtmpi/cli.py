@@ -200,6 +200,12 @@ def cmd_info(args):
     except launcher.LauncherError as e:
         print(f"launcher: none ({e})")
     print(f"BLAS threads per rank: {n} (usable cores {threads.usable_cores()})")
+    from .backend import gpu_status
+    ok, why = gpu_status()
+    print(f"GPU: {why}" + ("" if ok else "; --device gpu is refused here"))
+    aware, how = comm.cuda_support()
+    print(f"CUDA-aware MPI: {({True: 'yes', False: 'no'}).get(aware, 'not said')} "
+          f"({how}; run.cuda_aware = auto follows it)")
     m = _model(args.model, args.image_size, args.classes)
     print(f"model {args.model!r} for {3}x{args.image_size}x{args.image_size}, "
           f"{args.classes} classes:")

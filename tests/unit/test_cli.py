@@ -25,6 +25,21 @@ def test_info_bad_model_is_exit_2(capsys):
     assert "unknown model preset 'nope'" in capsys.readouterr().err
 
 
+def test_info_says_whether_gpu_and_cuda_aware_mpi_are_there(capsys, monkeypatch):
+    from ibtmpi import backend, comm
+    monkeypatch.setattr(backend, "gpu_status", lambda: (False, "CuPy sees no CUDA device"))
+    monkeypatch.setattr(comm, "cuda_support", lambda: (None, "no query"))
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU: CuPy sees no CUDA device; --device gpu is refused here\n" in out
+    assert "CUDA-aware MPI: not said (no query; run.cuda_aware = auto follows it)" in out
+    monkeypatch.setattr(backend, "gpu_status", lambda: (True, "4 CUDA device(s)"))
+    monkeypatch.setattr(comm, "cuda_support", lambda: (True, "MPIX_Query_cuda_support() = 1"))
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU: 4 CUDA device(s)\n" in out and "CUDA-aware MPI: yes (MPIX_Query" in out
+
+
 def test_module_entry_point_version():
     out = subprocess.run([sys.executable, "-m", "ibtmpi", "--version"],
                          capture_output=True, text=True, check=True)

@@ -2,7 +2,8 @@
 # GPU checks for a single-GPU machine with CUDA, CuPy, PyTorch, mpi4py and
 # pytest preinstalled and no network. Writes everything under OUTDIR; about
 # 3-5 minutes.   bash benchmarks/gpu_check.sh OUTDIR
-# 1. nvidia-smi; every kernels/*.cu compiled by CuPy on the real toolkit
+# 1. nvidia-smi, `ibtmpi info`; every kernels/*.cu compiled by CuPy on the
+#    real toolkit
 # 2. the gpu-marked tests: each CuPy launch vs the NumPy reference
 # 3. the training step, our kernels vs PyTorch/cuDNN fp32, batch 64 and 256,
 #    and where our step's time goes, op by op (gpu_step.txt)
@@ -89,6 +90,8 @@ env=$out/env.txt
 nvidia-smi >"$env" 2>&1
 stage imports 60 "$env" python3 -c \
     "import numpy, h5py, threadpoolctl, tqdm, PIL, cupy, mpi4py; print('imports ok')"
+# what ibtmpi sees here: MPI library, CuPy's devices, CUDA-aware MPI or not
+stage info 60 "$env" python3 -m ibtmpi info
 stage compile 180 "$env" python3 - <<'PY'
 import cupy
 from ibtmpi.kernels import sources

@@ -42,7 +42,7 @@ def ok(stages, names, log):
         assert stages[name].startswith("ok,"), f"{name}: {stages[name]}\n{log}"
 
 
-COMMON = ["imports", "compile", "gpu-tests", "step-vs-cudnn", "prep"]
+COMMON = ["imports", "info", "compile", "gpu-tests", "step-vs-cudnn", "prep"]
 REPEAT = ["repeat-1", "repeat-2"]
 
 
@@ -60,6 +60,7 @@ def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
                      "train.txt", "train_summary.json", "train_timeline.json"]   # 8 come back
     assert [r["batch"] for r in json.loads((out / "gpu_step.json").read_text())] == [2, 3]
     assert "passed" in (out / "gpu_tests.txt").read_text()
+    assert "GPU: 1 CUDA device(s)" in (out / "env.txt").read_text()
     summary = json.loads((out / "train_summary.json").read_text())
     assert (summary["N"], summary["world_size"], summary["simulated"]) == (2, 3, False)
 

@@ -184,6 +184,10 @@ class HostModule:
             fn.argtypes = [ctypes.c_uint, ctypes.c_uint] + [_ctype(t) for t, _ in ps]
             fn.restype = None
 
+    def params(self, name):
+        """[(ctype text, parameter name)] of kernel `name`, as in the .cu."""
+        return self._sigs[name]
+
     def __getattr__(self, name):
         if name.startswith("_") or name not in self._sigs:
             raise AttributeError(name)

@@ -18,7 +18,7 @@ class _Fn:
         self.mod, self.name = mod, name
 
     def __call__(self, grid, block, args):
-        params = self.mod._sigs[self.name]
+        params = self.mod.params(self.name)
         if len(args) != len(params):
             raise TypeError(f"RawKernel {self.name}: {len(args)} arguments for "
                             f"{len(params)} parameters")

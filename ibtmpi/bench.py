@@ -27,7 +27,7 @@ import sys
 import time
 
 from . import launcher
-from .status import starved_workers
+from .status import STARVED_SHARE, starved_workers
 
 ALGOS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
 
@@ -335,9 +335,9 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
                   f"{r['allreduce_calls_per_pass']:.0f} | {r['allreduce_mib_per_pass']:.1f} | "
                   f"{cpu} |")
     if any(r.get("starved") for r in ok):
-        md += ["", "Oversubscribed: its CPU workers had a core for under 60% of their compute "
-                   "time in half the blocks or more (more worker threads than cores): its "
-                   "times are the wait for cores, not the algorithm's."]
+        md += ["", f"Oversubscribed: its CPU workers had a core for under {STARVED_SHARE:.0%} "
+                   f"of their compute time in half the blocks or more (more worker threads "
+                   f"than cores): its times are the wait for cores, not the algorithm's."]
     md += ["", "Simulated runs compute every worker in one process: their times are "
            "not speedups (n/a); their accuracy equals the MPI run's (tested to 1e-6).", ""]
     # targets

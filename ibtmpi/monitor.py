@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from .status import (STARVED_NEED, STARVED_SHARE, STARVED_WINDOW, hms, mostly, ranges,
+from .status import (REPORT_NEED, REPORT_WINDOW, STARVED_SHARE, hms, mostly, ranges,
                      slow_worker)
 
 
@@ -47,7 +47,7 @@ class Stragglers:
     `window` blocks, block() names it (once per worker). Every block waits
     for its slowest worker at the Allreduce, so this is the worker to look at."""
 
-    def __init__(self, n, window=10, need=8):
+    def __init__(self, n, window=REPORT_WINDOW, need=REPORT_NEED):
         self.n, self.window, self.need = n, window, need
         self.recent = []                 # straggler index or None, last `window` blocks
         self.counts = {}                 # worker -> blocks it straggled in
@@ -74,7 +74,7 @@ class Starved:
     the last `window` blocks, block() returns {worker: median share} of
     them, once per run."""
 
-    def __init__(self, workers, window=STARVED_WINDOW, need=STARVED_NEED, min_s=0.05):
+    def __init__(self, workers, window=REPORT_WINDOW, need=REPORT_NEED, min_s=0.05):
         self.workers, self.window, self.need, self.min_s = workers, window, need, min_s
         self.recent = []                 # {worker: share} of the last `window` blocks
         self.counts = {}                 # worker -> blocks it was starved in

@@ -35,7 +35,8 @@ def _metrics(run_dir):
 SLOW_RATIO = 1.25         # a block's slowest worker straggles at this x its median
 STARVED_SHARE = 0.6       # a CPU worker whose process had a core for less of
                           # its compute time waited for cores (oversubscribed)
-STARVED_WINDOW, STARVED_NEED = 10, 8   # reported live when starved in 8 of the last 10
+REPORT_WINDOW, REPORT_NEED = 10, 8     # a straggling or starved worker is reported
+                                       # live when so in 8 of the last 10 blocks
 
 
 def eval_rank(rec):
@@ -76,7 +77,7 @@ def starved_workers(summary):
     return {"workers": sorted(starved), "blocks": min(starved.values()), "of": trained}
 
 
-def starved_recent(recs, window=STARVED_WINDOW, need=STARVED_NEED):
+def starved_recent(recs, window=REPORT_WINDOW, need=REPORT_NEED):
     """{workers, blocks, of, last} of the workers starved (metrics `starved`:
     the trainer's per-block list, made knowing which workers are on CPUs)
     in `need` of the last `window` blocks, else None: the live report's
@@ -158,9 +159,6 @@ def inspect(run_dir):
         slow = straggler(recs)
         if slow:
             info["straggler"] = slow
-        starved = starved_recent(recs)
-        if starved:
-            info["starved"] = starved
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
@@ -184,10 +182,6 @@ def inspect(run_dir):
         b = summary.get("best") or {}
         if "test_acc" in b and b.get("block") != (summary.get("blocks") or 0) - 1:
             info["best_test"] = b
-        info.pop("starved", None)          # the whole run's rule instead
-        starved = starved_workers(summary)
-        if starved:
-            info["starved"] = starved
     elif errors:
         info.update(state="failed", errors=errors)
     elif holder is not None:
@@ -196,6 +190,12 @@ def inspect(run_dir):
         info["state"] = "stopped"
     else:
         info["state"] = "not started"
+    # workers that waited for cores: a finished run's whole-run count, else
+    # the live report's rule over the last blocks
+    starved = (starved_workers(summary) if info["state"] == "finished"
+               else starved_recent(recs))
+    if starved:
+        info["starved"] = starved
     return info
 
 

@@ -4,6 +4,7 @@ arguments and implicit aliasing fail as on a GPU), RawModule functions are
 the host-emulated CUDA kernels (ibtmpi/kernelcheck.py). Enough of CuPy for
 backend.GpuOps, the trainer's device path and the gpu-marked tests to run
 on a CPU."""
+import collections
 import hashlib
 import os
 import tempfile
@@ -13,11 +14,19 @@ import numpy as np
 from ibtmpi import kernelcheck
 
 
+# device-to-device copies of whole arrays, in order: ascontiguousarray of a
+# strided array, `a[...] = b` of a device array; and the kernels launched
+# (by name, "GEMM" for matmul); tests clear and read them
+COPIES = []
+LAUNCHES = collections.Counter()
+
+
 class _Fn:
     def __init__(self, mod, name):
         self.mod, self.name = mod, name
 
     def __call__(self, grid, block, args):
+        LAUNCHES[self.name] += 1
         params = self.mod.params(self.name)
         if len(args) != len(params):
             raise TypeError(f"RawKernel {self.name}: {len(args)} arguments for "
@@ -159,6 +168,11 @@ class DeviceArray(np.ndarray):
         res = func(*_unwrap(args), **_unwrap(kwargs))
         return _device(res)
 
+    def __setitem__(self, key, value):
+        if key is Ellipsis and isinstance(value, DeviceArray):
+            COPIES.append(("[...] =", self.shape))
+        super().__setitem__(key, value)
+
     def set(self, host):
         """Host -> device as CuPy's set: same shape and dtype, a contiguous
         target (no broadcasting or casting, unlike NumPy's assignment)."""
@@ -239,7 +253,14 @@ class FakeCupy:
 
     @staticmethod
     def ascontiguousarray(x, dtype=None):
-        return _device(np.ascontiguousarray(_host_in(x, "ascontiguousarray"), dtype=dtype))
+        """x itself when it is C-contiguous and of the dtype asked for (as
+        CuPy: an in-place launcher writes into the caller's array), else a
+        contiguous copy."""
+        h = _host_in(x, "ascontiguousarray")
+        if h.flags.c_contiguous and (dtype is None or h.dtype == np.dtype(dtype)):
+            return x
+        COPIES.append(("ascontiguousarray", h.shape))
+        return _device(np.ascontiguousarray(h, dtype=dtype))
 
     @staticmethod
     def empty(shape, dtype=np.float32):
@@ -255,6 +276,7 @@ class FakeCupy:
 
     @staticmethod
     def matmul(a, b, out=None):
+        LAUNCHES["GEMM"] += 1
         return np.matmul(a, b, out=out) if out is not None else np.matmul(a, b)
 
     @staticmethod

@@ -134,13 +134,17 @@ class GpuOps:
             import cupy as cp
         self.cp = cp            # tests pass a CuPy stand-in running host-emulated kernels
         self._mods = {}
+        self._fns = {}          # (file, kernel) -> function: one driver lookup each
 
     def _k(self, fname, kname):
-        if fname not in self._mods:
-            from .kernels import source_path
-            code = source_path(fname).read_text()
-            self._mods[fname] = self.cp.RawModule(code=code, options=("--std=c++14",))
-        return self._mods[fname].get_function(kname)
+        fn = self._fns.get((fname, kname))
+        if fn is None:
+            if fname not in self._mods:
+                from .kernels import source_path
+                code = source_path(fname).read_text()
+                self._mods[fname] = self.cp.RawModule(code=code, options=("--std=c++14",))
+            fn = self._fns[fname, kname] = self._mods[fname].get_function(kname)
+        return fn
 
     def _launch(self, fname, kname, n, *args):
         self._k(fname, kname)(_grid(n), (BLOCK,), args)
@@ -195,7 +199,7 @@ class GpuOps:
         kh, kw = w.shape[2], w.shape[3]
         dy2 = cp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(f, -1)
         self.bias_grad_rows(dy2, db)
-        dw.reshape(f, -1)[...] = cp.matmul(dy2, col.T)
+        cp.matmul(dy2, col.T, out=dw.reshape(f, -1))     # straight into the gradient
         if not need_dx:
             return None
         dcol = cp.matmul(w.reshape(f, -1).T, dy2)
@@ -217,28 +221,50 @@ class GpuOps:
 
     # -- pool, relu -----------------------------------------------------------
     def maxpool_forward(self, x, k=2, stride=2, out=None, argmax=None, ws=None):
-        from .ops import conv_out_size
+        """x NCHW, or a conv's output (an NCHW view of a (C, N, H, W)
+        buffer, ops.is_cnhw), which the kernel reads where it lies."""
+        from .ops import conv_out_size, is_cnhw
         cp = self.cp
-        x = cp.ascontiguousarray(x)
+        cnhw = is_cnhw(x)
+        base = x.transpose(1, 0, 2, 3) if cnhw else cp.ascontiguousarray(x)
         n, c, h, w = x.shape
         ho, wo = conv_out_size(h, k, stride, 0), conv_out_size(w, k, stride, 0)
         y = cp.empty((n, c, ho, wo), x.dtype)
         am = cp.empty((n, c, ho, wo), cp.uint8)
-        self._launch("pool.cu", "maxpool_fwd", y.size, x, y, am, np.int32(n),
+        self._launch("pool.cu", "maxpool_fwd", y.size, base, y, am, np.int32(n),
                      np.int32(c), np.int32(h), np.int32(w), np.int32(k),
-                     np.int32(stride), np.int32(ho), np.int32(wo))
+                     np.int32(stride), np.int32(ho), np.int32(wo), np.int32(cnhw))
         return self._into(y, out), self._into(am, argmax)
 
     def maxpool_backward(self, dy, argmax, x_shape, k=2, stride=2, out=None, ws=None):
+        """Into `out` where it lies when it is NCHW or an NCHW view of a
+        (C, N, H, W) buffer (the layout a conv's backward reads: the layer
+        passes one, see empty4), else a new NCHW array."""
+        from .ops import is_cnhw
         cp = self.cp
         n, c, h, w = x_shape
         ho, wo = dy.shape[2], dy.shape[3]
-        dx = cp.empty(x_shape, dy.dtype)
+        cnhw = out is not None and is_cnhw(out)
+        if cnhw:
+            dx = out.transpose(1, 0, 2, 3)
+        elif out is not None and out.flags.c_contiguous:
+            dx = out
+        else:
+            dx = cp.empty(x_shape, dy.dtype)
         self._launch("pool.cu", "maxpool_bwd", dx.size, cp.ascontiguousarray(dy),
                      cp.ascontiguousarray(argmax), dx, np.int32(n), np.int32(c),
                      np.int32(h), np.int32(w), np.int32(k), np.int32(stride),
-                     np.int32(ho), np.int32(wo))
-        return self._into(dx, out)
+                     np.int32(ho), np.int32(wo), np.int32(cnhw))
+        return out if cnhw else self._into(dx, out)
+
+    def empty4(self, shape, dtype, cnhw):
+        """An (N, C, H, W) device array, physically (C, N, H, W) when cnhw
+        (ops._buf4's layout, without a reusable workspace: CuPy's memory
+        pool recycles the memory)."""
+        if not cnhw:
+            return self.cp.empty(shape, dtype)
+        n, c, h, w = shape
+        return self.cp.empty((c, n, h, w), dtype).transpose(1, 0, 2, 3)
 
     def _into(self, res, out):
         """Kernels write contiguous arrays: copy into a caller's `out` that is
@@ -276,7 +302,7 @@ class GpuOps:
     def linear_backward(self, dy, x, w, dw, db, need_dx=True, out=None):
         cp = self.cp
         dy = cp.ascontiguousarray(dy)
-        dw[...] = cp.matmul(dy.T, x)
+        cp.matmul(dy.T, x, out=dw)
         self._launch("conv.cu", "bias_grad_cols", dy.shape[1], dy, db,
                      np.int32(dy.shape[0]), np.int32(dy.shape[1]))
         if not need_dx:

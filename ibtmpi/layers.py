@@ -45,9 +45,10 @@ class Layer:
         return self.ops is ops
 
     def _scratch(self, name, shape, dtype, cnhw=False):
-        """A reusable host buffer; None on a device (the launchers allocate)."""
+        """A reusable host buffer; on a device None (the launchers allocate),
+        or a fresh array when the layout matters (cnhw)."""
         if not self.on_host:
-            return None
+            return self.ops.empty4(shape, dtype, True) if cnhw else None
         return ops._buf4(self.ws, name, shape, dtype, cnhw) if cnhw else \
             self.ws.get(name, shape, dtype)
 

@@ -1,20 +1,32 @@
-// Max-pool over k x k windows with stride s, no padding, NCHW contiguous.
+// Max-pool over k x k windows with stride s, no padding.
 // NumPy twins: ibtmpi/ops.py maxpool_forward / maxpool_backward.
+// y, dy and argmax (N, C, Ho, Wo) are NCHW contiguous; x (forward) and dx
+// (backward) are NCHW contiguous when cnhw == 0, and physically (C, N, H, W)
+// when cnhw == 1: the layout a conv's GEMM produces and its backward GEMM
+// reads, so a conv -> pool pair needs no transpose copy either way.
 // argmax (N, C, Ho, Wo) uint8 = window offset i*k + j of the FIRST maximum
 // in row-major scan order (strict '>': ties go to the lowest offset).
+
+// offset of plane (n, c) of an (N, C, H, W) tensor, H*W elements per plane
+__device__ __forceinline__ long long plane_offset(long long n, long long c, int N, int C,
+                                                  long long hw, int cnhw)
+{
+    return (cnhw ? c * N + n : n * C + c) * hw;
+}
 
 extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __restrict__ y,
                                        unsigned char* __restrict__ argmax,
                                        int N, int C, int H, int W, int k, int stride,
-                                       int Ho, int Wo)
+                                       int Ho, int Wo, int cnhw)
 {
     const long long total = (long long)N * C * Ho * Wo;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)blockDim.x * gridDim.x) {
+         idx += (long long)blockDim.x * gridDim.x) {           // idx over y: NCHW
         const int wo = (int)(idx % Wo);
         const int ho = (int)((idx / Wo) % Ho);
         const long long nc = idx / ((long long)Wo * Ho);          // n*C + c
-        const float* base = x + nc * H * W + (long long)(ho * stride) * W + wo * stride;
+        const float* base = x + plane_offset(nc / C, nc % C, N, C, (long long)H * W, cnhw)
+                            + (long long)(ho * stride) * W + wo * stride;
         float best = base[0];
         int arg = 0;
         for (int i = 0; i < k; ++i)
@@ -30,18 +42,20 @@ extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __res
 // Gather form (deterministic, no atomics): dx[n, c, h, w] sums dy over the
 // windows (ho, wo) that contain (h, w) and whose argmax points at it:
 // ho*stride <= h < ho*stride + k, i.e. ho in [ceil((h-k+1)/s), floor(h/s)].
+// Threads walk dx in its physical order (coalesced writes in both layouts).
 extern "C" __global__ void maxpool_bwd(const float* __restrict__ dy,
                                        const unsigned char* __restrict__ argmax,
                                        float* __restrict__ dx,
                                        int N, int C, int H, int W, int k, int stride,
-                                       int Ho, int Wo)
+                                       int Ho, int Wo, int cnhw)
 {
     const long long total = (long long)N * C * H * W;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)blockDim.x * gridDim.x) {
         const int w = (int)(idx % W);
         const int h = (int)((idx / W) % H);
-        const long long nc = idx / ((long long)W * H);
+        const long long plane = idx / ((long long)W * H);    // c*N + n, or n*C + c
+        const long long nc = cnhw ? (plane % N) * C + plane / N : plane;
         const int ho_lo = h - k + 1 > 0 ? (h - k + 1 + stride - 1) / stride : 0;
         const int wo_lo = w - k + 1 > 0 ? (w - k + 1 + stride - 1) / stride : 0;
         const int ho_hi = min(h / stride, Ho - 1);

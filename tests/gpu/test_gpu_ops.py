@@ -65,6 +65,16 @@ def test_pool_relu(g, k, s):
     dy = RNG.standard_normal(ry.shape).astype(np.float32)
     close(g.maxpool_backward(g.asarray(dy), am, x.shape, k, s),
           ops.maxpool_backward(dy, ram, x.shape, k, s), g, 1e-6)
+    # a conv's output layout: an NCHW view of a (C, N, H, W) buffer, read
+    # where it lies; the gradient written into the same layout
+    view = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+    y2, am2 = g.maxpool_forward(view, k, s)
+    close(y2, ry, g, 0)
+    np.testing.assert_array_equal(g.asnumpy(am2), ram)
+    out = g.empty4(x.shape, np.float32, True)
+    dx = g.maxpool_backward(g.asarray(dy), am2, x.shape, k, s, out=out)
+    assert dx is out and ops.is_cnhw(dx)
+    close(dx, ops.maxpool_backward(dy, ram, x.shape, k, s), g, 1e-6)
     r = g.relu_forward(g.asarray(x))
     close(r, ops.relu_forward(x), g, 0)
     close(g.relu_backward(g.asarray(x), r), ops.relu_backward(x, ops.relu_forward(x)), g, 0)

@@ -118,23 +118,27 @@ def test_bias_kernels(mods, grid):
 
 
 @pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("cnhw", [0, 1])
 @pytest.mark.parametrize("k,s,h,w", [(2, 2, 8, 8), (2, 2, 7, 9), (3, 2, 9, 9),
                                      (3, 3, 9, 7), (2, 1, 5, 6)])
-def test_maxpool(mods, k, s, h, w, grid):
+def test_maxpool(mods, k, s, h, w, cnhw, grid):
+    """cnhw = 1: x (forward) and dx (backward) lie as (C, N, H, W), the
+    layout of a conv's output and of its backward's input."""
     n, c = 2, 3
     x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
     x[0, 0] = 1.0                                  # a plane of ties
+    lay = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2, 3))) if cnhw else (lambda a: a)
     ho, wo = ops.conv_out_size(h, k, s, 0), ops.conv_out_size(w, k, s, 0)
     y = np.empty((n, c, ho, wo), np.float32)
     am = np.empty((n, c, ho, wo), np.uint8)
-    mods["pool"].maxpool_fwd(*grid, x, y, am, n, c, h, w, k, s, ho, wo)
+    mods["pool"].maxpool_fwd(*grid, lay(x), y, am, n, c, h, w, k, s, ho, wo, cnhw)
     ry, ram = ops.maxpool_forward(x, k, s)
     np.testing.assert_array_equal(y, ry)
     np.testing.assert_array_equal(am, ram)
     dy = RNG.standard_normal(y.shape).astype(np.float32)
-    dx = np.full(x.shape, np.nan, np.float32)
-    mods["pool"].maxpool_bwd(*grid, dy, am, dx, n, c, h, w, k, s, ho, wo)
-    np.testing.assert_allclose(dx, ops.maxpool_backward(dy, ram, x.shape, k, s),
+    dx = np.full(lay(x).shape, np.nan, np.float32)
+    mods["pool"].maxpool_bwd(*grid, dy, am, dx, n, c, h, w, k, s, ho, wo, cnhw)
+    np.testing.assert_allclose(dx, lay(ops.maxpool_backward(dy, ram, x.shape, k, s)),
                                rtol=1e-6, atol=1e-6)
 
 

@@ -183,3 +183,57 @@ def test_the_stand_in_copies_as_cupy_does(g):
     with pytest.raises(TypeError, match="cannot be set"):
         g.cp.asnumpy(d, out=np.empty(4))
     assert g.to_host(d + 1, np.empty(4, np.float32)).tolist() == [1.0] * 4
+
+
+def test_maxpool_reads_and_writes_the_conv_layout_where_it_lies(g):
+    """A conv's output is an NCHW view of a (C, N, H, W) buffer, and its
+    backward wants the gradient in that layout: the pool launchers read x
+    and write dx there (no transpose copy), with the contiguous results."""
+    import fakecupy
+    x = RNG.standard_normal((3, 4, 9, 8)).astype(np.float32)       # (N, C, H, W)
+    view = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+    assert ops.is_cnhw(view)
+    fakecupy.COPIES.clear()
+    y, am = g.maxpool_forward(view, 3, 2)
+    ry, ram = ops.maxpool_forward(x, 3, 2)
+    np.testing.assert_array_equal(g.asnumpy(y), ry)
+    np.testing.assert_array_equal(g.asnumpy(am), ram)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    out = g.empty4(x.shape, np.float32, True)
+    dx = g.maxpool_backward(g.asarray(dy), am, x.shape, 3, 2, out=out)
+    assert dx is out and ops.is_cnhw(dx)
+    assert fakecupy.COPIES == []
+    _close(dx, ops.maxpool_backward(dy, ram, x.shape, 3, 2), g, atol=1e-6)
+    plain = g.cp.empty(x.shape, np.float32)                     # NCHW out: written in place
+    assert g.maxpool_backward(g.asarray(dy), am, x.shape, 3, 2, out=plain) is plain
+    assert fakecupy.COPIES == []
+    _close(plain, ops.maxpool_backward(dy, ram, x.shape, 3, 2), g, atol=1e-6)
+
+
+def test_a_reference_cnn_step_copies_no_activation(g):
+    """One training step of the reference CNN (64x64x3, batch 4) on the
+    device: our kernels and the GEMMs, and no copy of an activation or
+    gradient (a conv hands the pool its (C, N, H, W) output, the pool hands
+    the conv's backward its gradient in that layout, the weight-gradient
+    GEMMs write into the flat gradient vector). The launch counts are the
+    README's; a fusion that lowers them updates both. The gradients are
+    the NumPy engine's."""
+    import fakecupy
+    from ibtmpi.model import Model
+    from ibtmpi.optim import SGD
+    x = RNG.standard_normal((4, 3, 64, 64)).astype(np.float32)
+    y = RNG.integers(0, 5, 4)
+    host = Model("reference", (3, 64, 64), 5)
+    dev = Model("reference", (3, 64, 64), 5, ops=g)
+    opt = SGD(dev.params, lr=0.01, momentum=0.9, weight_decay=5e-4, ops=g)
+    dev.loss_and_grad(g.asarray(x), y, lazy=True)        # warm: kernels built
+    fakecupy.COPIES.clear()
+    fakecupy.LAUNCHES.clear()
+    dev.loss_and_grad(g.asarray(x), y, lazy=True)
+    host.loss_and_grad(x, y)
+    np.testing.assert_allclose(g.asnumpy(dev.grads), host.grads, rtol=1e-4, atol=1e-5)
+    opt.step(dev.grads)
+    assert fakecupy.COPIES == []
+    gemms = fakecupy.LAUNCHES.pop("GEMM")
+    assert (sum(fakecupy.LAUNCHES.values()), gemms) == (36, 14), str(dict(fakecupy.LAUNCHES))
+    assert fakecupy.LAUNCHES["sgd_update"] == 1

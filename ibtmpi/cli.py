@@ -90,7 +90,8 @@ def build_parser():
                        "the split is shared out over the ranks; the result is "
                        "identical to one process.")
     p.add_argument("model")
-    p.add_argument("--data", required=True, help="dataset directory")
+    p.add_argument("--data", help="dataset directory (default: the data.path of the "
+                   "run that made the model, from its config.toml)")
     p.add_argument("--split", default="test")
     p.add_argument("--out", help="directory for report.json, report.txt and "
                    "confusion.png (default: print only)")
@@ -425,11 +426,13 @@ def cmd_evaluate(args):
     from . import comm
     from .dataset import Dataset, DatasetError
     from .outputs import (NoPlotting, TrainedModelError, confusion, confusion_png,
-                          format_report, load_trained, report)
+                          format_report, load_trained, report, run_data_path)
     from .schedule import worker_range
     size, rank = comm.world_size(), comm.world_rank()
     try:
         tm = load_trained(args.model)
+        if args.data is None:
+            args.data = run_data_path(args.model)
         ds = Dataset(args.data)
         if ds.classes != tm.classes:
             raise UsageError(f"{args.data} has classes {ds.classes}, the model was "

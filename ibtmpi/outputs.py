@@ -126,13 +126,37 @@ def load_trained(path):
     return _model_npz(path)
 
 
+def _run_config(path):
+    """config.toml of the run that made `path` (a run directory, a model
+    file in one, or one of its checkpoint directories RUN/checkpoints/X)."""
+    path = os.path.abspath(path)
+    if os.path.isfile(os.path.join(path, "rank-00000.npz")):
+        return os.path.join(os.path.dirname(os.path.dirname(path)), "config.toml")
+    return os.path.join(path if os.path.isdir(path) else os.path.dirname(path),
+                        "config.toml")
+
+
+def run_data_path(path):
+    """The dataset directory the run that made `path` trained on (its
+    config's data.path), for commands given a model but no --data."""
+    from .config import load
+    cfg_path = _run_config(path)
+    if not os.path.isfile(cfg_path):
+        raise TrainedModelError(f"no --data given, and {path} is not in a run directory "
+                                f"(no {cfg_path}) to take it from: give --data DIR")
+    data = load(cfg_path)["data"]["path"]
+    if not os.path.isdir(data):
+        raise TrainedModelError(f"no --data given, and the run's data.path {data} (from "
+                                f"{cfg_path}) is not a directory here: give --data DIR")
+    return data
+
+
 def _from_checkpoint(d):
     from .config import load
     from .dataset import Dataset
     if not os.path.isfile(os.path.join(d, "manifest.json")):
         raise TrainedModelError(f"{d} is an incomplete checkpoint (no manifest.json)")
-    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(d)))
-    cfg_path = os.path.join(run_dir, "config.toml")
+    cfg_path = _run_config(d)
     if not os.path.isfile(cfg_path):
         raise TrainedModelError(f"{cfg_path} missing: cannot tell the checkpoint's model")
     cfg = load(cfg_path)

@@ -46,6 +46,32 @@ def test_evaluate_matches_the_trainer_and_writes_reports(run_dir, small_dataset,
     assert "confusion matrix" in capsys.readouterr().out
 
 
+def test_evaluate_takes_the_runs_dataset_when_no_data_is_given(run_dir, tmp_path, capsys):
+    """Without --data: the data.path of the run that made the model, from
+    a run directory, its model file or one of its checkpoints; a model
+    with no run around it, or a run whose data moved, is a clear exit 2."""
+    import shutil
+    from ibtmpi import checkpoint as ckpt
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    last = ckpt.ckpt_dir(run_dir, ckpt.complete(run_dir)[-1])
+    for model in (run_dir, os.path.join(run_dir, "model.npz"), last):
+        assert main(["evaluate", model]) == 0, capsys.readouterr().err
+        acc = float(capsys.readouterr().out.split()[1])
+        assert acc == pytest.approx(summary["test_acc"], abs=1e-4), model
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(os.path.join(run_dir, "model.npz"), alone)
+    assert main(["evaluate", str(alone / "model.npz")]) == 2
+    assert "not in a run directory" in capsys.readouterr().err
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(os.path.join(run_dir, "model.npz"), moved)
+    with open(moved / "config.toml", "w") as f:
+        f.write('[data]\npath = "/nonexistent/data"\n')
+    assert main(["evaluate", str(moved)]) == 2
+    assert "/nonexistent/data" in capsys.readouterr().err
+
+
 def test_evaluate_under_mpi_is_identical(run_dir, small_dataset, tmp_path):
     for n, out in ((1, tmp_path / "a"), (3, tmp_path / "b")):
         r = subprocess.run(mpiexec(n) + IBTMPI + [

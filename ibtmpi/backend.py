@@ -314,13 +314,6 @@ class GpuOps:
         return out
 
     def softmax_xent_forward(self, logits, labels):
-        loss, probs = self.softmax_xent_forward_device(logits, labels)
-        return float(loss), probs
-
-    def softmax_xent_forward_device(self, logits, labels):
-        """softmax_xent_forward with the mean loss left on the device as a
-        0-d array (reading it waits for the GPU; Model.loss_and_grad(lazy=True)
-        defers that to once per block)."""
         cp = self.cp
         logits = cp.ascontiguousarray(logits)
         labels = cp.asarray(labels, dtype=cp.int64)
@@ -329,7 +322,27 @@ class GpuOps:
         nll = cp.empty(n, logits.dtype)
         self._launch("softmax_xent.cu", "softmax_xent_fwd", n, logits, labels, probs, nll,
                      np.int32(n), np.int32(k))
-        return nll.mean(), probs
+        return float(nll.mean()), probs
+
+    def softmax_xent_train(self, logits, labels, stats):
+        """The loss end of a training step in one launch: returns dlogits
+        (softmax_xent_forward then softmax_xent_backward, bitwise) and adds
+        each row's loss and hit (argmax == label) into stats[0, n] and
+        stats[1, n] (stats: (2, cap) float64 on the device, cap >= N, from
+        Model.new_stats). Nothing is read back: the caller sums stats once
+        per block (Model.read_stats), so no step waits for the GPU."""
+        cp = self.cp
+        logits = cp.ascontiguousarray(logits)
+        labels = cp.asarray(labels, dtype=cp.int64)
+        n, k = logits.shape
+        if (stats.dtype != np.float64 or stats.ndim != 2 or stats.shape[0] != 2
+                or stats.shape[1] < n or not stats.flags.c_contiguous):
+            raise ValueError(f"stats must be a contiguous (2, >= {n}) float64 array, got "
+                             f"{stats.dtype} {stats.shape}")
+        d = cp.empty_like(logits)
+        self._launch("softmax_xent.cu", "softmax_xent_train", n, logits, labels, d, stats,
+                     np.int32(n), np.int32(k), np.int32(stats.shape[1]))
+        return d
 
     def softmax_xent_backward(self, probs, labels, out=None):
         cp = self.cp

@@ -154,7 +154,7 @@ def signatures(path):
     return out
 
 
-_CT = {"float*": ctypes.c_void_p, "unsigned char*": ctypes.c_void_p,
+_CT = {"float*": ctypes.c_void_p, "double*": ctypes.c_void_p, "unsigned char*": ctypes.c_void_p,
        "long long*": ctypes.c_void_p, "int*": ctypes.c_void_p,
        "int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float}
 

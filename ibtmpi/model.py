@@ -250,28 +250,46 @@ class Model:
         for i in range(last, -1, -1):
             dy = self.layers[i].backward(dy, need_dx=i > 0)
 
-    def loss_and_grad(self, x, labels, lazy=False):
+    def loss_and_grad(self, x, labels):
         """One forward+backward on a batch; fills self.grads.
-
-        Returns (mean loss, number of correct predictions). lazy=True on a
-        GPU returns both as 0-d device arrays: no host synchronization per
-        step, so the CPU queues the next step's kernels while the GPU runs
-        this one; float()/int() them once per block. On the CPU lazy
-        changes nothing."""
+        Returns (mean loss, number of correct predictions), read back to
+        the host: on a GPU that waits for the step (step_grad does not)."""
         logits = self.forward(x, train=True)
+        o = self.device_ops or ops
+        y = self.xp.asarray(labels, dtype=np.int64)     # ONE copy for loss, count, grad
+        loss, probs = o.softmax_xent_forward(logits, y)
+        correct = int((probs.argmax(axis=1) == y).sum())
+        self.backward(o.softmax_xent_backward(probs, y))
+        return loss, correct
+
+    def new_stats(self, cap):
+        """Accumulator of step_grad's loss sum and correct count for
+        batches of up to `cap` rows: (2, cap) float64 on the device (one
+        slot per row), (2, 1) on the host."""
+        return self.xp.zeros((2, cap if self.device_ops is not None else 1), np.float64)
+
+    def step_grad(self, x, labels, stats):
+        """One forward+backward on a batch, filling self.grads, with the
+        batch's loss sum and correct count added into `stats` (new_stats).
+        On a GPU the loss end is one launch (softmax_xent_train) and nothing
+        is read back, so the CPU queues the next step's kernels while the
+        GPU runs this one; on the CPU it is loss_and_grad."""
         d = self.device_ops
         if d is None:
-            loss, probs = ops.softmax_xent_forward(logits, labels)
-            correct = int((probs.argmax(axis=1) == np.asarray(labels)).sum())
-            self.backward(ops.softmax_xent_backward(probs, labels))
-            return loss, correct
-        y = self.xp.asarray(labels, dtype=np.int64)    # ONE copy for loss, count, grad
-        loss, probs = d.softmax_xent_forward_device(logits, y)
-        correct = (probs.argmax(axis=1) == y).sum()
-        self.backward(d.softmax_xent_backward(probs, y))
-        if lazy:       # float64 as float() gives: sums match the eager path's
-            return loss.astype(np.float64), correct
-        return float(loss), int(correct)
+            loss, correct = self.loss_and_grad(x, labels)
+            stats[0, 0] += loss * len(labels)
+            stats[1, 0] += correct
+            return
+        logits = self.forward(x, train=True)
+        self.backward(d.softmax_xent_train(logits, self.xp.asarray(labels, dtype=np.int64),
+                                           stats))
+
+    def read_stats(self, stats):
+        """(loss sum, correct count) of the steps added into `stats`: one
+        reduction and one read on a GPU."""
+        s = stats.sum(axis=1)
+        s = s if self.device_ops is None else self.device_ops.asnumpy(s)
+        return float(s[0]), int(s[1])                # sums of 0s and 1s: exact
 
     def evaluate(self, x, labels, batch=256):
         """Mean loss and accuracy over (x, labels) in batches, no grads."""

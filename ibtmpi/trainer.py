@@ -236,18 +236,18 @@ class Trainer:
                               self.ds.std, out, batch)
 
     def _run_steps(self, mbs):
-        # lazy: on a GPU the sums stay on the device (no host sync per step)
-        # and are read once, here at the end of the worker's block
-        loss_sum, n, correct = 0.0, 0, 0
+        # on a GPU the loss and correct count stay on the device (no host
+        # sync per step) and are read once, here at the end of the block
+        stats = self.model.new_stats(self.cfg["data"]["batch"])
+        n = 0
         for x, y in mbs:
             if len(y) == 0:
                 continue
-            loss, c = self.model.loss_and_grad(x, y, lazy=True)
+            self.model.step_grad(x, y, stats)
             self.opt.step(self.model.grads)
-            loss_sum = loss_sum + loss * len(y)
             n += len(y)
-            correct = correct + c
-        return float(loss_sum), n, int(correct)
+        loss_sum, correct = self.model.read_stats(stats)
+        return loss_sum, n, correct
 
     def _swap_in(self, i):
         # several simulated workers share one optimizer: swap their momentum

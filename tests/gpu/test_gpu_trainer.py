@@ -30,7 +30,9 @@ def test_gpu_workers_match_the_host_backend(data, tmp_path, algo):
     device_vs_host(data, tmp_path, algo, backend.GpuOps(), 1e-3)
 
 
-def test_lazy_loss_stays_on_the_device():
+def test_step_grad_keeps_the_loss_on_the_device():
+    """The fused loss end (softmax_xent_train) on the GPU: the gradient of
+    the eager path, the stats on the device until read."""
     from ibtmpi.model import Model
     g = backend.GpuOps()
     rng = np.random.default_rng(1)
@@ -38,6 +40,10 @@ def test_lazy_loss_stays_on_the_device():
     y = rng.integers(0, 5, 8)
     m = Model("tiny", (3, 16, 16), 5, ops=g)
     loss, c = m.loss_and_grad(x, y)
-    lz, cz = m.loss_and_grad(x, y, lazy=True)
-    assert isinstance(lz, g.cp.ndarray) and isinstance(cz, g.cp.ndarray)
-    assert float(lz) == pytest.approx(loss, rel=1e-6) and int(cz) == c
+    grads = g.asnumpy(m.grads)
+    stats = m.new_stats(8)
+    m.step_grad(x, y, stats)
+    assert isinstance(stats, g.cp.ndarray)
+    np.testing.assert_allclose(g.asnumpy(m.grads), grads, rtol=1e-6, atol=1e-7)
+    got = m.read_stats(stats)
+    assert got[0] == pytest.approx(loss * 8, rel=1e-6) and got[1] == c

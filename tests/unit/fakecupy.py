@@ -16,7 +16,8 @@ from ibtmpi import kernelcheck
 
 # device-to-device copies of whole arrays, in order: ascontiguousarray of a
 # strided array, `a[...] = b` of a device array; and the kernels launched
-# (by name, "GEMM" for matmul); tests clear and read them
+# (by name; "GEMM" for matmul, "cupy NAME" for a ufunc or reduction CuPy
+# would launch); tests clear and read them
 COPIES = []
 LAUNCHES = collections.Counter()
 
@@ -44,7 +45,7 @@ class _Fn:
 # array of the pointer's element type, a NumPy scalar of the parameter's
 # width (CuPy passes a Python int as 8 bytes and a Python float as a double,
 # which shifts every later argument of an `int` or `float` parameter)
-_ARG = {"float*": np.float32, "unsigned char*": np.uint8, "long long*": np.int64,
+_ARG = {"float*": np.float32, "double*": np.float64, "unsigned char*": np.uint8, "long long*": np.int64,
         "int*": np.int32, "int": np.int32, "long long": np.int64, "float": np.float32}
 
 
@@ -153,6 +154,9 @@ class DeviceArray(np.ndarray):
     (``d[...] = h``) is allowed, as in CuPy."""
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if ufunc is not np.matmul:       # counted as a GEMM by FakeCupy.matmul
+            # CuPy launches an elementwise or reduction kernel for each
+            LAUNCHES[f"cupy {ufunc.__name__}{'' if method == '__call__' else '.' + method}"] += 1
         out = kwargs.get("out") or ()
         _no_host(inputs + tuple(out), ufunc.__name__)
         args = [_base(a) for a in inputs]

@@ -35,7 +35,7 @@ def test_device_path_matches_host_backend(small_dataset, tmp_path, algo):
 
 def test_block_steps_never_read_the_loss_back_per_step(small_dataset, tmp_path):
     """A worker's local steps keep loss and correct count on the device
-    (Model.loss_and_grad(lazy=True)); the eager launcher, which copies the
+    (Model.step_grad); the eager launcher, which copies the
     loss to the host and so waits for the GPU every step, is not called
     during a block. The per-pass train loss still matches the host run."""
     import json
@@ -63,17 +63,29 @@ def test_block_steps_never_read_the_loss_back_per_step(small_dataset, tmp_path):
     assert np.allclose(ld, lh, rtol=1e-4), (ld, lh)
 
 
-def test_lazy_loss_and_grad_is_the_eager_one_on_the_device():
+def test_step_grad_is_loss_and_grad_without_reading_back():
+    """step_grad (one launch for the loss end, stats left on the device)
+    gives loss_and_grad's gradient bit for bit, and its stats read at the
+    end are the eager losses and counts summed; on the host the same API
+    gives the same sums."""
     from ibtmpi.model import Model
     ops = GpuOps(cp=FakeCupy())
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
-    y = rng.integers(0, 5, 8)
-    m = Model("tiny", (3, 16, 16), 5, ops=ops)
-    loss, c = m.loss_and_grad(x, y)
-    g = np.array(m.grads)
-    lz, cz = m.loss_and_grad(x, y, lazy=True)
-    assert isinstance(loss, float) and isinstance(c, int)
-    assert type(lz) is not float and lz.dtype == np.float64   # a device value
-    assert float(lz) == loss and int(cz) == c
-    assert np.array_equal(np.array(m.grads), g)
+    xs = [rng.standard_normal((n, 3, 16, 16)).astype(np.float32) for n in (8, 8, 5)]
+    ys = [rng.integers(0, 5, len(x)) for x in xs]
+    for dev in (True, False):
+        m = Model("tiny", (3, 16, 16), 5, ops=ops if dev else None)
+        stats = m.new_stats(8)
+        loss_sum, correct = 0.0, 0
+        for x, y in zip(xs, ys):
+            loss, c = m.loss_and_grad(x, y)
+            g = np.array(m.grads)
+            assert isinstance(loss, float) and isinstance(c, int)
+            loss_sum, correct = loss_sum + loss * len(y), correct + c
+            m.step_grad(x, y, stats)
+            assert np.array_equal(np.array(m.grads), g)
+        assert isinstance(stats, ops.cp.ndarray) == dev
+        got = m.read_stats(stats)
+        assert got[1] == correct and got[0] == pytest.approx(loss_sum, rel=1e-6)
+    with pytest.raises(ValueError, match=r"\(2, >= 8\) float64"):
+        Model("tiny", (3, 16, 16), 5, ops=ops).step_grad(xs[0], ys[0], ops.cp.zeros((2, 4)))

@@ -169,6 +169,27 @@ def test_softmax_xent(mods, grid):
     d = np.empty_like(z)
     mods["softmax_xent"].softmax_xent_bwd(*grid, probs, y, d, N, K)
     np.testing.assert_allclose(d, ops.softmax_xent_backward(rp, y), rtol=1e-5, atol=1e-7)
+    # the fused training launch: the same gradient bit for bit, and each
+    # row's loss and hit added into its slot of acc (2, cap), twice
+    cap = N + 3
+    acc = np.zeros((2, cap))
+    acc[:, N:] = 7.0                                # slots past N untouched
+    z[1, :] = 2.0                                   # a tie: the first maximum wins
+    y[1] = 1
+    z[2, [1, 3]] = z[2].max() + 1                   # a tie of two maxima
+    y[2] = 3
+    z[3, y[3]] = 100.0                              # a sure hit
+    mods["softmax_xent"].softmax_xent_fwd(*grid, z, y, probs, nll, N, K)
+    mods["softmax_xent"].softmax_xent_bwd(*grid, probs, y, d, N, K)
+    dt = np.full_like(z, np.nan)
+    for _ in range(2):
+        mods["softmax_xent"].softmax_xent_train(*grid, z, y, dt, acc, N, K, cap)
+    assert dt.tobytes() == d.tobytes()
+    np.testing.assert_allclose(acc[0, :N], 2 * nll.astype(np.float64), rtol=1e-12)
+    hits = (ops.softmax_xent_forward(z, y)[1].argmax(1) == y).astype(np.float64)
+    assert hits[1] == 0 and hits[2] == 0 and hits[3] == 1
+    np.testing.assert_array_equal(acc[1, :N], 2 * hits)
+    assert (acc[:, N:] == 7.0).all()
 
 
 @pytest.mark.parametrize("grid", GRIDS)

@@ -183,8 +183,9 @@ class GpuOps:
         col = self.im2col(x, kh, kw, stride, pad, out=col)
         m = col.shape[1]
         y2 = cp.matmul(w.reshape(f, -1), col)                 # (F, N*Ho*Wo)
-        self._launch("conv.cu", "bias_add_rows", y2.size, y2, cp.ascontiguousarray(b),
-                     np.int32(f), np.int64(m))
+        if b is not None:        # None: the pool that follows adds it (fused)
+            self._launch("conv.cu", "bias_add_rows", y2.size, y2, cp.ascontiguousarray(b),
+                         np.int32(f), np.int64(m))
         # NCHW view of the (F, N, Ho, Wo) result, as the NumPy op returns
         y = y2.reshape(f, n, ho, wo).transpose(1, 0, 2, 3)
         if out is None:
@@ -220,9 +221,12 @@ class GpuOps:
         return db
 
     # -- pool, relu -----------------------------------------------------------
-    def maxpool_forward(self, x, k=2, stride=2, out=None, argmax=None, ws=None):
+    def maxpool_forward(self, x, k=2, stride=2, out=None, argmax=None, ws=None,
+                        bias=None, relu=False):
         """x NCHW, or a conv's output (an NCHW view of a (C, N, H, W)
-        buffer, ops.is_cnhw), which the kernel reads where it lies."""
+        buffer, ops.is_cnhw), which the kernel reads where it lies. Fused
+        (layers.fuse_for_device): `bias` (C,) is the conv's bias, left out
+        of x and added here; `relu` applies the ReLU that follows."""
         from .ops import conv_out_size, is_cnhw
         cp = self.cp
         cnhw = is_cnhw(x)
@@ -231,15 +235,20 @@ class GpuOps:
         ho, wo = conv_out_size(h, k, stride, 0), conv_out_size(w, k, stride, 0)
         y = cp.empty((n, c, ho, wo), x.dtype)
         am = cp.empty((n, c, ho, wo), cp.uint8)
-        self._launch("pool.cu", "maxpool_fwd", y.size, base, y, am, np.int32(n),
+        self._launch("pool.cu", "maxpool_fwd", y.size, base, y, am,
+                     y if bias is None else cp.ascontiguousarray(bias), np.int32(n),
                      np.int32(c), np.int32(h), np.int32(w), np.int32(k),
-                     np.int32(stride), np.int32(ho), np.int32(wo), np.int32(cnhw))
+                     np.int32(stride), np.int32(ho), np.int32(wo), np.int32(cnhw),
+                     np.int32(bias is not None), np.int32(bool(relu)))
         return self._into(y, out), self._into(am, argmax)
 
-    def maxpool_backward(self, dy, argmax, x_shape, k=2, stride=2, out=None, ws=None):
+    def maxpool_backward(self, dy, argmax, x_shape, k=2, stride=2, out=None, ws=None,
+                         y=None):
         """Into `out` where it lies when it is NCHW or an NCHW view of a
         (C, N, H, W) buffer (the layout a conv's backward reads: the layer
-        passes one, see empty4), else a new NCHW array."""
+        passes one, see empty4), else a new NCHW array. With `y` (the fused
+        forward's output after its ReLU) the ReLU's backward is applied
+        too: dy passes only where y > 0."""
         from .ops import is_cnhw
         cp = self.cp
         n, c, h, w = x_shape
@@ -251,10 +260,11 @@ class GpuOps:
             dx = out
         else:
             dx = cp.empty(x_shape, dy.dtype)
-        self._launch("pool.cu", "maxpool_bwd", dx.size, cp.ascontiguousarray(dy),
-                     cp.ascontiguousarray(argmax), dx, np.int32(n), np.int32(c),
-                     np.int32(h), np.int32(w), np.int32(k), np.int32(stride),
-                     np.int32(ho), np.int32(wo), np.int32(cnhw))
+        dy = cp.ascontiguousarray(dy)
+        self._launch("pool.cu", "maxpool_bwd", dx.size, dy, cp.ascontiguousarray(argmax),
+                     dx, dy if y is None else cp.ascontiguousarray(y), np.int32(n),
+                     np.int32(c), np.int32(h), np.int32(w), np.int32(k), np.int32(stride),
+                     np.int32(ho), np.int32(wo), np.int32(cnhw), np.int32(y is not None))
         return out if cnhw else self._into(dx, out)
 
     def empty4(self, shape, dtype, cnhw):

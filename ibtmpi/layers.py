@@ -83,6 +83,8 @@ class Conv2d(Layer):
     # (ops.conv2d_forward), "quads" when no input gradient is needed (the
     # pool is fastest on it, the input gradient slowest), else "rows".
     phase_out = None
+    # Set by fuse_for_device: the max-pool that follows adds the bias.
+    bias_in_pool = False
 
     def forward(self, x, train):
         self.x_shape = x.shape
@@ -91,8 +93,9 @@ class Conv2d(Layer):
                                              self.stride, self.pad, ws=self.ws,
                                              phase=self.phase_out)
             return y
-        y, self.col = self.ops.conv2d_forward(x, self.params[0], self.params[1],
-                                         self.stride, self.pad, ws=self.ws)
+        y, self.col = self.ops.conv2d_forward(
+            x, self.params[0], None if self.bias_in_pool else self.params[1],
+            self.stride, self.pad, ws=self.ws)
         return y
 
     def backward(self, dy, need_dx=True):
@@ -112,6 +115,8 @@ class MaxPool2d(Layer):
         super().__init__()
         self.k = k
         self.stride = k if stride is None else stride
+        self.bias = None        # fuse_for_device: the conv's bias, added here
+        self.relu = False       # fuse_for_device: the ReLU that follows, applied here
 
     def out_shape(self, in_shape):
         c, h, w = in_shape
@@ -128,7 +133,12 @@ class MaxPool2d(Layer):
             return y
         self.x_shape = x.shape
         self.x_cnhw = ops.is_cnhw(x)
-        y, self.argmax = self.ops.maxpool_forward(x, self.k, self.stride, ws=self.ws)
+        if self.bias is None and not self.relu:
+            y, self.argmax = self.ops.maxpool_forward(x, self.k, self.stride, ws=self.ws)
+            return y
+        y, self.argmax = self.ops.maxpool_forward(x, self.k, self.stride, ws=self.ws,
+                                                  bias=self.bias, relu=self.relu)
+        self.y = y if self.relu else None
         return y
 
     def backward(self, dy, need_dx=True):
@@ -140,8 +150,11 @@ class MaxPool2d(Layer):
         # (an NCHW view of a (C, N, H, W) buffer), the conv's backward then
         # reads dx without a transpose copy.
         out = self._scratch("dx", self.x_shape, dy.dtype, self.x_cnhw)
+        if not self.relu:
+            return self.ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
+                                             self.stride, out=out)
         return self.ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
-                                    self.stride, out=out)
+                                         self.stride, out=out, y=self.y)
 
     def describe(self):
         return f"maxpool{self.k}(stride {self.stride})"
@@ -156,13 +169,18 @@ class ReLU(Layer):
     def __init__(self):
         super().__init__()
         self.inplace = False
+        self.fused = False      # fuse_for_device: the max-pool before applies it
 
     def forward(self, x, train):
+        if self.fused:
+            return x
         out = x if self.inplace else self._scratch("y", x.shape, x.dtype)
         self.y = self.ops.relu_forward(x, out=out)
         return self.y
 
     def backward(self, dy, need_dx=True):
+        if self.fused:
+            return dy
         # dy is the next layer's scratch gradient; overwrite it in place.
         return self.ops.relu_backward(dy, self.y, out=dy if self.inplace else None)
 
@@ -242,6 +260,24 @@ class Dropout(Layer):
 
     def describe(self):
         return f"dropout({self.p})"
+
+
+def fuse_for_device(layers):
+    """On a GPU, fold a conv's bias add and a following ReLU into the
+    max-pool between them (kernels/pool.cu): conv -> pool -> relu, the
+    model's order after _commute_relu_pool, then runs as GEMM + one pool
+    launch forward and one pool launch backward instead of five launches
+    and three passes over the conv's output, with the same bits. Layers
+    must be bound (the pool keeps a view of the conv's bias)."""
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, MaxPool2d):
+            continue
+        if i > 0 and isinstance(layers[i - 1], Conv2d):
+            layers[i - 1].bias_in_pool = True
+            layer.bias = layers[i - 1].params[1]
+        if i + 1 < len(layers) and isinstance(layers[i + 1], ReLU):
+            layers[i + 1].fused = True
+            layer.relu = True
 
 
 def he_std(layer):

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .layers import Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, he_std
+from .layers import (Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, fuse_for_device,
+                     he_std)
 
 PRESETS = {
     # conv3x3(3->32)+relu+pool2, conv3x3(32->64)+relu+pool2,
@@ -178,6 +179,8 @@ class Model:
             layer.bind(pv, gv)
             if ops is not None:
                 layer.ops = ops
+        if ops is not None:
+            fuse_for_device(self.layers)
         self.init(seed)
 
     # -- parameters -------------------------------------------------------

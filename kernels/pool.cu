@@ -6,6 +6,14 @@
 // reads, so a conv -> pool pair needs no transpose copy either way.
 // argmax (N, C, Ho, Wo) uint8 = window offset i*k + j of the FIRST maximum
 // in row-major scan order (strict '>': ties go to the lowest offset).
+// Fused on the GPU for conv -> pool -> relu (the model's order, see
+// model._commute_relu_pool): with has_bias, x is the conv's GEMM output
+// WITHOUT its bias and the forward adds bias[c] to each value it compares
+// (the values, maxima and argmax of pooling the biased output); with relu
+// the forward outputs relu(max) and the backward passes dy only where that
+// output y is > 0. Bit for bit bias_add_rows -> maxpool -> relu_fwd and
+// relu_bwd -> maxpool_bwd, in 2 launches instead of 5, and the conv output
+// (the largest tensor of the step) is read once instead of three times.
 
 // offset of plane (n, c) of an (N, C, H, W) tensor, H*W elements per plane
 __device__ __forceinline__ long long plane_offset(long long n, long long c, int N, int C,
@@ -16,8 +24,9 @@ __device__ __forceinline__ long long plane_offset(long long n, long long c, int 
 
 extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __restrict__ y,
                                        unsigned char* __restrict__ argmax,
+                                       const float* __restrict__ bias,
                                        int N, int C, int H, int W, int k, int stride,
-                                       int Ho, int Wo, int cnhw)
+                                       int Ho, int Wo, int cnhw, int has_bias, int relu)
 {
     const long long total = (long long)N * C * Ho * Wo;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -27,14 +36,16 @@ extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __res
         const long long nc = idx / ((long long)Wo * Ho);          // n*C + c
         const float* base = x + plane_offset(nc / C, nc % C, N, C, (long long)H * W, cnhw)
                             + (long long)(ho * stride) * W + wo * stride;
-        float best = base[0];
+        const float b = has_bias ? bias[nc % C] : 0.0f;
+        float best = has_bias ? base[0] + b : base[0];
         int arg = 0;
         for (int i = 0; i < k; ++i)
             for (int j = 0; j < k; ++j) {
-                const float v = base[(long long)i * W + j];
+                float v = base[(long long)i * W + j];
+                if (has_bias) v += b;
                 if (v > best) { best = v; arg = i * k + j; }
             }
-        y[idx] = best;
+        y[idx] = relu ? (best > 0.0f ? best : 0.0f) : best;
         argmax[idx] = (unsigned char)arg;
     }
 }
@@ -46,8 +57,9 @@ extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __res
 extern "C" __global__ void maxpool_bwd(const float* __restrict__ dy,
                                        const unsigned char* __restrict__ argmax,
                                        float* __restrict__ dx,
+                                       const float* __restrict__ y,
                                        int N, int C, int H, int W, int k, int stride,
-                                       int Ho, int Wo, int cnhw)
+                                       int Ho, int Wo, int cnhw, int relu)
 {
     const long long total = (long long)N * C * H * W;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
@@ -65,7 +77,7 @@ extern "C" __global__ void maxpool_bwd(const float* __restrict__ dy,
             for (int wo = wo_lo; wo <= wo_hi; ++wo) {
                 const long long o = (nc * Ho + ho) * Wo + wo;
                 if (argmax[o] == (h - ho * stride) * k + (w - wo * stride))
-                    acc += dy[o];
+                    acc += relu ? (y[o] > 0.0f ? dy[o] : 0.0f) : dy[o];
             }
         dx[idx] = acc;
     }

@@ -75,6 +75,17 @@ def test_pool_relu(g, k, s):
     dx = g.maxpool_backward(g.asarray(dy), am2, x.shape, k, s, out=out)
     assert dx is out and ops.is_cnhw(dx)
     close(dx, ops.maxpool_backward(dy, ram, x.shape, k, s), g, 1e-6)
+    # fused (conv bias and the following ReLU inside the pool)
+    b = RNG.standard_normal(3).astype(np.float32)
+    xb = x + b[None, :, None, None]
+    fy, fam = g.maxpool_forward(view, k, s, bias=g.asarray(b), relu=True)
+    by, bam = ops.maxpool_forward(xb, k, s)
+    close(fy, ops.relu_forward(by), g, 0)
+    np.testing.assert_array_equal(g.asnumpy(fam), bam)
+    fdx = g.maxpool_backward(g.asarray(dy), fam, x.shape, k, s,
+                             out=g.empty4(x.shape, np.float32, True), y=fy)
+    close(fdx, ops.maxpool_backward(ops.relu_backward(dy, ops.relu_forward(by)), bam,
+                                    x.shape, k, s), g, 1e-6)
     r = g.relu_forward(g.asarray(x))
     close(r, ops.relu_forward(x), g, 0)
     close(g.relu_backward(g.asarray(x), r), ops.relu_backward(x, ops.relu_forward(x)), g, 0)

@@ -131,15 +131,60 @@ def test_maxpool(mods, k, s, h, w, cnhw, grid):
     ho, wo = ops.conv_out_size(h, k, s, 0), ops.conv_out_size(w, k, s, 0)
     y = np.empty((n, c, ho, wo), np.float32)
     am = np.empty((n, c, ho, wo), np.uint8)
-    mods["pool"].maxpool_fwd(*grid, lay(x), y, am, n, c, h, w, k, s, ho, wo, cnhw)
+    nob = np.zeros(1, np.float32)                  # bias argument when has_bias = 0
+    mods["pool"].maxpool_fwd(*grid, lay(x), y, am, nob, n, c, h, w, k, s, ho, wo, cnhw, 0, 0)
     ry, ram = ops.maxpool_forward(x, k, s)
     np.testing.assert_array_equal(y, ry)
     np.testing.assert_array_equal(am, ram)
     dy = RNG.standard_normal(y.shape).astype(np.float32)
     dx = np.full(lay(x).shape, np.nan, np.float32)
-    mods["pool"].maxpool_bwd(*grid, dy, am, dx, n, c, h, w, k, s, ho, wo, cnhw)
+    mods["pool"].maxpool_bwd(*grid, dy, am, dx, y, n, c, h, w, k, s, ho, wo, cnhw, 0)
     np.testing.assert_allclose(dx, lay(ops.maxpool_backward(dy, ram, x.shape, k, s)),
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("cnhw", [0, 1])
+@pytest.mark.parametrize("has_bias,relu", [(1, 1), (1, 0), (0, 1)])
+@pytest.mark.parametrize("k,s,h,w", [(2, 2, 8, 8), (3, 2, 9, 9), (2, 1, 5, 6)])
+def test_maxpool_fused_with_bias_and_relu(mods, k, s, h, w, cnhw, has_bias, relu, grid):
+    """conv output without its bias -> [bias] pool [relu] in one launch each
+    way: bit for bit the unfused kernels (bias add, maxpool_fwd, relu_fwd;
+    relu_bwd, maxpool_bwd), and the NumPy engine's values and argmax."""
+    n, c = 3, 4
+    x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
+    x[0, 0] = 0.25                                 # a plane of ties
+    x[1, 1, :2, :2] = [[1e-9, 0.0], [-1e-9, 0.0]]  # distinct, equal once biased
+    b = (RNG.standard_normal(c) * (1.0 if has_bias else 0.0)).astype(np.float32)
+    b[1] = 1.0 if has_bias else 0.0
+    lay = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2, 3))) if cnhw else (lambda a: a)
+    xb = x + b[None, :, None, None] if has_bias else x     # = bias_add_rows, bitwise
+    ry, ram = ops.maxpool_forward(xb, k, s)
+    ho, wo = ry.shape[2:]
+    size = n * c * ho * wo
+    nob = np.zeros(1, np.float32)
+    pool, act = mods["pool"], mods["activation"]
+    # unfused kernels: the reference bits
+    y0, am0 = np.empty(ry.shape, np.float32), np.empty(ry.shape, np.uint8)
+    pool.maxpool_fwd(*grid, lay(xb), y0, am0, nob, n, c, h, w, k, s, ho, wo, cnhw, 0, 0)
+    y1 = np.empty_like(y0)
+    act.relu_fwd(*grid, y0, y1, size) if relu else np.copyto(y1, y0)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    dpool = np.empty_like(dy)
+    act.relu_bwd(*grid, dy, y1, dpool, size) if relu else np.copyto(dpool, dy)
+    dx0 = np.full(lay(x).shape, np.nan, np.float32)
+    pool.maxpool_bwd(*grid, dpool, am0, dx0, y1, n, c, h, w, k, s, ho, wo, cnhw, 0)
+    # fused
+    y, am = np.empty(ry.shape, np.float32), np.empty(ry.shape, np.uint8)
+    pool.maxpool_fwd(*grid, lay(x), y, am, b, n, c, h, w, k, s, ho, wo, cnhw, has_bias, relu)
+    assert y.tobytes() == y1.tobytes()
+    np.testing.assert_array_equal(am, ram)
+    np.testing.assert_array_equal(y, ops.relu_forward(ry) if relu else ry)
+    dx = np.full(lay(x).shape, np.nan, np.float32)
+    pool.maxpool_bwd(*grid, dy, am, dx, y, n, c, h, w, k, s, ho, wo, cnhw, relu)
+    assert dx.tobytes() == dx0.tobytes()
+    ref = ops.maxpool_backward(ops.relu_backward(dy, ry) if relu else dy, ram, x.shape, k, s)
+    np.testing.assert_allclose(dx, lay(ref), rtol=1e-6, atol=1e-6)   # overlaps: other order
 
 
 @pytest.mark.parametrize("grid", GRIDS)

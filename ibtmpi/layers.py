@@ -133,11 +133,10 @@ class MaxPool2d(Layer):
             return y
         self.x_shape = x.shape
         self.x_cnhw = ops.is_cnhw(x)
-        if self.bias is None and not self.relu:
-            y, self.argmax = self.ops.maxpool_forward(x, self.k, self.stride, ws=self.ws)
-            return y
+        fused = {} if self.bias is None and not self.relu else \
+            {"bias": self.bias, "relu": self.relu}             # GPU only
         y, self.argmax = self.ops.maxpool_forward(x, self.k, self.stride, ws=self.ws,
-                                                  bias=self.bias, relu=self.relu)
+                                                  **fused)
         self.y = y if self.relu else None
         return y
 
@@ -150,11 +149,9 @@ class MaxPool2d(Layer):
         # (an NCHW view of a (C, N, H, W) buffer), the conv's backward then
         # reads dx without a transpose copy.
         out = self._scratch("dx", self.x_shape, dy.dtype, self.x_cnhw)
-        if not self.relu:
-            return self.ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
-                                             self.stride, out=out)
+        fused = {"y": self.y} if self.relu else {}
         return self.ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
-                                         self.stride, out=out, y=self.y)
+                                         self.stride, out=out, **fused)
 
     def describe(self):
         return f"maxpool{self.k}(stride {self.stride})"

@@ -283,9 +283,7 @@ class Model:
             stats[0, 0] += loss * len(labels)
             stats[1, 0] += correct
             return
-        logits = self.forward(x, train=True)
-        self.backward(d.softmax_xent_train(logits, self.xp.asarray(labels, dtype=np.int64),
-                                           stats))
+        self.backward(d.softmax_xent_train(self.forward(x, train=True), labels, stats))
 
     def read_stats(self, stats):
         """(loss sum, correct count) of the steps added into `stats`: one

@@ -385,6 +385,11 @@ class GpuOps:
                      np.int64(z.size), np.float32(inv_n), np.float32(eta),
                      np.float32(zeta), np.int32(bool(nesterov)))
 
+    def pool_bytes(self):
+        """Bytes CuPy's default memory pool holds on this device (in use or
+        cached for reuse): the process's high-water mark of device arrays."""
+        return int(self.cp.get_default_memory_pool().total_bytes())
+
     def device_id(self):
         """Ordinal of the GPU this process computes on."""
         return int(self.cp.cuda.Device().id)

@@ -298,6 +298,7 @@ def cmd_train(args):
         warnings.formatwarning = lambda *a, **k: f"[rank {rank}] " + fmt(*a, **k)
     comm.install_abort_hooks(rank)
     bad_input = (ConfigError, DatasetError, CheckpointError, DeviceError, ValueError, OSError)
+    cfg = device_ops = None
     try:
         ntasks = os.environ.get("SLURM_NTASKS", "")
         if size == 1 and not args.simulate and ntasks.isdigit() and int(ntasks) > 1:
@@ -307,7 +308,6 @@ def cmd_train(args):
         if args.simulate and size > 1:
             raise ConfigError("--simulate runs N logical workers in ONE process; "
                               "launch it without mpiexec")
-        device_ops = None
         on_gpu = _device(args.device, log) == "gpu"
         if on_gpu:
             local = comm.worker_local_rank()
@@ -336,6 +336,8 @@ def cmd_train(args):
             return 0
     except bad_input as e:
         return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
+    except MemoryError as e:              # building the model, buffers, data caches
+        return _out_of_memory(e, None, cfg, device_ops, size, rank)
     try:
         trainer.run()
     except Preempted as e:
@@ -355,23 +357,53 @@ def cmd_train(args):
                          f"system) and run the same command again to resume",
                          EXIT_STORAGE, size, rank, every_rank=True)
         return _crash(trainer, cfg, size, rank)
+    except MemoryError as e:             # CuPy's OutOfMemoryError, NumPy's too
+        return _out_of_memory(e, trainer, cfg, device_ops, size, rank)
     except Exception:
         return _crash(trainer, cfg, size, rank)
     return 0
 
 
+def _out_of_memory(err, trainer, cfg, ops, size, rank):
+    """A rank ran out of memory: one line (kept in RUN/error-rank-R.txt)
+    naming the GPU or host memory, where in the run and what to change; the
+    job is aborted with EXIT_NO_MEMORY."""
+    from .memory import EXIT_NO_MEMORY, MIB, oom_text
+    gpu = pool = None
+    if ops is not None:
+        try:
+            gpu, pool = ops.device_id(), ops.pool_bytes() / MIB
+        except Exception:              # a device too broken to answer
+            pass
+    batch = cfg["data"]["batch"] if cfg else "?"
+    if trainer is None:
+        msg = oom_text(err, rank, "start-up", 0, batch, gpu, pool)
+    else:
+        msg = oom_text(err, rank, trainer.phase, trainer.block, batch, gpu, pool,
+                       trainer.sharing())
+    _keep_error(cfg, rank, msg)
+    return _fail(msg, EXIT_NO_MEMORY, size, rank, every_rank=True)
+
+
+def _keep_error(cfg, rank, msg):
+    """RUN/error-rank-R.txt: the launcher may drop output on abort."""
+    import os
+    if cfg is None:
+        return
+    try:
+        with open(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), "w") as f:
+            f.write(msg + "\n")
+    except OSError:
+        pass
+
+
 def _crash(trainer, cfg, size, rank):
     """An unexpected exception: every rank that has one prints its traceback
     (kept in RUN/error-rank-R.txt too) and the job is aborted."""
-    import os
     import traceback
     msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
            f"{trainer.phase}:\n" + traceback.format_exc())
-    try:                      # the launcher may drop output on abort: keep a copy
-        with open(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), "w") as f:
-            f.write(msg)
-    except OSError:
-        pass
+    _keep_error(cfg, rank, msg.rstrip("\n"))
     return _fail(msg, 1, size, rank, every_rank=True)
 
 

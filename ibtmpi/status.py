@@ -10,6 +10,7 @@ import os
 
 from . import checkpoint as ckpt
 from . import runlock
+from .memory import mib_range
 
 
 def hms(s):
@@ -159,6 +160,9 @@ def inspect(run_dir):
         slow = straggler(recs)
         if slow:
             info["straggler"] = slow
+        if last.get("peak_rss_mib"):          # the workers' high-water marks
+            info["memory"] = {"rss_mib": max(last["peak_rss_mib"]),
+                              "gpu_pool_mib": max(last.get("gpu_pool_mib") or [0])}
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
@@ -245,6 +249,11 @@ def describe(info):
     if info.get("best") and state != "finished":
         bits.append(f"best val acc {info['best']['val_acc']:.4f} at block "
                     f"{info['best']['block']}")
+    mem = info.get("memory")
+    if mem and state in ("running", "finished"):
+        line += f"; a worker's peak RSS up to {mib_range([mem['rss_mib']])}"
+        if mem["gpu_pool_mib"]:
+            line += f", its CuPy pool up to {mib_range([mem['gpu_pool_mib']])}"
     if bits:
         line += "; " + ", ".join(bits)
     st = info.get("starved")

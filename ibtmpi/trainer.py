@@ -28,7 +28,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from . import comm as mpi
-from . import runlock
+from . import memory, runlock
 from .monitor import (Progress, Starved, Stragglers, oversubscription_text,
                       placement_text)
 from .status import eval_rank, ranges
@@ -135,7 +135,9 @@ class Trainer:
         self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
                                       d["augment"], d["seed"], d["cache"])
                         for i in self.local}
-        self.F0 = P + NS + 3 * n          # flag slots: [master, worker 0..N-1]
+        # per worker: compute s, data wait s, compute CPU s, peak RSS MiB,
+        # GPU pool MiB (memory.py); then the flag slots [master, worker 0..N-1]
+        self.F0 = P + NS + 5 * n
         L = self.F0 + 1 + n
         self.send, self.recv = host_empty(L), host_empty(L)   # pinned: one DMA each way
         self.send.fill(0)
@@ -258,6 +260,14 @@ class Trainer:
         if len(self.local) > 1:
             self.velocity[i][...] = self._host(self.opt.v)
 
+    def _put_memory(self, i):
+        """Worker i's memory high-water marks into its slots of the block's
+        Allreduce (memory.py): this process's peak RSS, its CuPy pool."""
+        P, n = self.P, self.n_workers
+        self.send[P + NS + 3 * n + i] = memory.peak_rss_mib()
+        if self.dev is not None:
+            self.send[P + NS + 4 * n + i] = self.dev.pool_bytes() / memory.MIB
+
     # -- one block ----------------------------------------------------------
     def _block_algo(self, k, work):
         p, b = self.sched.locate(k)
@@ -306,6 +316,7 @@ class Trainer:
             send[P + NS + i] = t2 - t1
             send[P + NS + n + i] = t1 - t0
             send[P + NS + 2 * n + i] = c2 - c1
+            self._put_memory(i)
             if not (math.isfinite(loss_sum) and math.isfinite(q)
                     and np.isfinite(out).all()):
                 send[self.F0 + 1 + i] += FLAG_NONFINITE
@@ -411,7 +422,7 @@ class Trainer:
             t1 = time.perf_counter()
             t_data[i] = t1 - t0
             self.tl.span("data", t0, t1, 1 + i, block=k)
-        tot = np.zeros(NS + 3 * n, np.float64)
+        tot = np.zeros(self.F0 - P, np.float64)
         w0 = self.model.params
         gsum = self._send_d[:P] if self.gpu_buffers else send[:P]
         self._at("compute")
@@ -436,6 +447,8 @@ class Trainer:
                              cpu_s=round(c1 - c0, 6))
                 if s == 0:
                     send[P + NS + n + i] = t_data[i]
+                if s == steps - 1:        # high-water marks: summed over steps once
+                    self._put_memory(i)
                 if len(y) and not math.isfinite(loss):
                     send[self.F0 + 1 + i] += FLAG_NONFINITE
             self._at("allreduce")
@@ -722,6 +735,15 @@ class Trainer:
                 f"the same ibtmpi and numpy (one environment on a shared file system), "
                 f"read the same configuration and the same data")
         return rows
+
+    def sharing(self):
+        """Worker processes on this rank's GPU (on the CPU: its node), itself
+        included; 1 before the start-up allgather or in one process."""
+        rows = getattr(self, "placement", None)
+        if not rows or len(rows) <= self.rank or not self.local:
+            return 1
+        host, dev = rows[self.rank][0], rows[self.rank][3]
+        return sum(1 for r in rows if r[0] == host and r[3] == dev)
 
     def _workers_text(self, ws):
         """'worker 3 (rank 4 on node7)', 'worker(s) 0-3 (rank(s) 1-4 on a, b)'."""
@@ -1040,6 +1062,7 @@ class Trainer:
                 comp = rv[NS:NS + n].astype(np.float64)
                 wait = rv[NS + n:NS + 2 * n].astype(np.float64)
                 cpu = rv[NS + 2 * n:NS + 3 * n].astype(np.float64)
+                rss, pool = rv[NS + 3 * n:NS + 4 * n], rv[NS + 4 * n:NS + 5 * n]
                 wall = time.perf_counter() - t0
                 images += cnt
                 rec = {"block": k, "blocks_total": self.total_blocks, "pass": p,
@@ -1060,7 +1083,11 @@ class Trainer:
                        # CPU seconds of the worker's process in the same span:
                        # below compute_s when it waited for a core (more ranks
                        # than cores) or a GPU, above it with BLAS threads
-                       "compute_cpu_s": [round(float(c), 6) for c in cpu]}
+                       "compute_cpu_s": [round(float(c), 6) for c in cpu],
+                       # high-water marks of each worker's process (memory.py)
+                       "peak_rss_mib": [round(float(m), 1) for m in rss]}
+                if pool.any():
+                    rec["gpu_pool_mib"] = [round(float(m), 1) for m in pool]
                 if not np.isfinite(self.z).all():
                     raise Diverged(f"block {k}: the consensus model z is not finite; "
                                    f"the last good checkpoint is kept. Lower optim.lr "
@@ -1198,6 +1225,8 @@ class Trainer:
                    # per worker, over every block so far: its compute wall
                    # seconds and its process's CPU seconds in them
                    **_per_worker_totals(self.history, self.n_workers),
+                   **_per_worker_peaks(self.history, self.n_workers),
+                   "rank0_peak_rss_mib": round(memory.peak_rss_mib(), 1),
                    # worker -> blocks in which it computed longest, >= 1.25x the median
                    "straggler_blocks": {str(i): c for i, c in
                                         sorted(self.stragglers.counts.items())},
@@ -1255,6 +1284,9 @@ class Trainer:
                          f"(loss {summary['test_loss']:.4f}) after {summary['passes']:.2f} "
                          f"pass(es), {wall:.1f} s; rank 0 CPU {summary['rank0_cpu_share']:.1%} "
                          f"({summary['rank0_other_cpu_share']:.1%} outside evaluation)")
+            mem = memory.memory_line(summary)
+            if mem:
+                self.log(mem)
             b = summary.get("best")
             if b and b["block"] != self.total_blocks - 1:
                 self.log(f"best val accuracy {b['val_acc']:.4f} at block {b['block']} (pass "
@@ -1445,6 +1477,19 @@ def _per_worker_totals(history, n):
     h = [r for r in history if "compute_cpu_s" in r]
     return {key: [round(sum(r[src][i] for r in h), 3) for i in range(n)]
             for key, src in (("worker_compute_s", "compute_s"), ("worker_cpu_s", "compute_cpu_s"))}
+
+
+def _per_worker_peaks(history, n):
+    """summary.json's worker_peak_rss_mib (and, on GPUs, worker_gpu_pool_mib):
+    per worker the largest figure of the run's metrics lines, earlier jobs
+    of a resumed run included."""
+    out = {}
+    for key, src in (("worker_peak_rss_mib", "peak_rss_mib"),
+                     ("worker_gpu_pool_mib", "gpu_pool_mib")):
+        h = [r[src] for r in history if src in r]
+        if h:
+            out[key] = [max(r[i] for r in h) for i in range(n)]
+    return out
 
 
 def save_model(path, z, model, ds, cfg):

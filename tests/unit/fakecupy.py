@@ -8,6 +8,8 @@ import collections
 import hashlib
 import os
 import tempfile
+import types
+import weakref
 
 import numpy as np
 
@@ -98,6 +100,7 @@ class _Cuda:
     def __init__(self):
         self.log = []
         self.runtime = _Runtime()
+        self.memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
 
     def alloc_pinned_memory(self, nbytes):
         self.log.append(("pinned", nbytes))
@@ -132,17 +135,54 @@ class _Device(_Stream):
             raise ValueError(f"invalid device ordinal {self.id} (one visible device)")
 
 
+class OutOfMemoryError(MemoryError):
+    """cupy.cuda.memory.OutOfMemoryError (a MemoryError), CuPy's message."""
+
+    def __init__(self, size, total, limit=0):
+        lim = f", limit set to: {limit:,} bytes" if limit else ""
+        super().__init__(f"Out of memory allocating {size:,} bytes (allocated so "
+                         f"far: {total:,} bytes{lim}).")
+
+
 class _MemoryPool:
-    """cupy's default pool: nothing is pooled here, so it reports 0 bytes."""
+    """cupy's default pool, without reuse: counts the bytes of the live
+    device arrays it made (used_bytes) and their high-water mark
+    (total_bytes: what a caching pool holds), and refuses an allocation
+    past set_limit(size=) with OutOfMemoryError, as CuPy does."""
+
+    def __init__(self):
+        self.used = self.high = self.limit = 0
+
+    def set_limit(self, size=None, fraction=None):
+        self.limit = int(size or 0)
+
+    def get_limit(self):
+        return self.limit
 
     def free_all_blocks(self):
-        pass
+        self.high = self.used
 
     def total_bytes(self):
-        return 0
+        return self.high
 
     def used_bytes(self):
-        return 0
+        return self.used
+
+    def malloc(self, arr):
+        """A new host array as a device array of this pool."""
+        n = arr.nbytes
+        if self.limit and self.used + n > self.limit:
+            raise OutOfMemoryError(n, self.used, self.limit)
+        self.used += n
+        self.high = max(self.high, self.used)
+        weakref.finalize(arr, self._free, n)
+        return arr.view(DeviceArray)
+
+    def _free(self, n):
+        self.used -= n
+
+
+POOL = _MemoryPool()
 
 
 class DeviceArray(np.ndarray):
@@ -249,11 +289,11 @@ class FakeCupy:
 
     def __init__(self):
         self.cuda = _Cuda()
-        self._pool = _MemoryPool()
     int64, uint8, float32 = np.int64, np.uint8, np.float32
 
-    def get_default_memory_pool(self):
-        return self._pool
+    @staticmethod
+    def get_default_memory_pool():
+        return POOL
 
     @staticmethod
     def ascontiguousarray(x, dtype=None):
@@ -264,24 +304,27 @@ class FakeCupy:
         if h.flags.c_contiguous and (dtype is None or h.dtype == np.dtype(dtype)):
             return x
         COPIES.append(("ascontiguousarray", h.shape))
-        return _device(np.ascontiguousarray(h, dtype=dtype))
+        return POOL.malloc(np.array(h, dtype=dtype, order="C"))
 
     @staticmethod
     def empty(shape, dtype=np.float32):
-        return np.empty(shape, dtype).view(DeviceArray)
+        return POOL.malloc(np.empty(shape, dtype))
 
     @staticmethod
     def zeros(shape, dtype=np.float32):
-        return np.zeros(shape, dtype).view(DeviceArray)
+        return POOL.malloc(np.zeros(shape, dtype))
 
     @staticmethod
     def empty_like(x, dtype=None):
-        return np.empty_like(_host_in(x, "empty_like"), dtype=dtype).view(DeviceArray)
+        return POOL.malloc(np.empty_like(_host_in(x, "empty_like"), dtype=dtype))
 
     @staticmethod
     def matmul(a, b, out=None):
         LAUNCHES["GEMM"] += 1
-        return np.matmul(a, b, out=out) if out is not None else np.matmul(a, b)
+        if out is not None:
+            return np.matmul(a, b, out=out)
+        _no_host((a, b), "matmul")
+        return POOL.malloc(np.matmul(_base(a), _base(b)))
 
     @staticmethod
     def asarray(x, dtype=None):
@@ -289,7 +332,7 @@ class FakeCupy:
         asked for is returned as it is (both as in CuPy)."""
         if isinstance(x, DeviceArray) and (dtype is None or x.dtype == np.dtype(dtype)):
             return x
-        return np.array(_base(x), dtype=dtype, order="C").view(DeviceArray)
+        return POOL.malloc(np.array(_base(x), dtype=dtype, order="C"))
 
     @staticmethod
     def asnumpy(x, out=None):

@@ -51,6 +51,9 @@ def test_finished(finished, capsys):
     assert rc == 0
     assert out.startswith(f"{finished}: admm, N=2: finished: 12/12 blocks (100%), "
                           f"test acc {acc:.4f} in ")
+    last = json.loads(open(os.path.join(finished, "metrics.jsonl")).readlines()[-1])
+    assert f"; a worker's peak RSS up to {max(last['peak_rss_mib']):.0f} MiB" in out
+    assert "CuPy pool" not in out                  # a CPU run
 
 
 def test_running_with_time_left(finished, tmp_path, capsys):
@@ -64,6 +67,7 @@ def test_running_with_time_left(finished, tmp_path, capsys):
         per_block = sum(r["wall_s"] for r in recs[-9:]) / 9
         assert f"running (pid {p.pid} on {os.uname().nodename}, slurm:9; heartbeat " in out
         assert "9/12 blocks (75%), about " in out and "val acc" in out
+        assert f"a worker's peak RSS up to {max(recs[-1]['peak_rss_mib']):.0f} MiB" in out
         rc, out, _ = status(capsys, run, json_out=True)
         info = json.loads(out)
         assert info["state"] == "running" and info["blocks_done"] == 9

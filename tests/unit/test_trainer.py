@@ -33,8 +33,9 @@ def test_every_algorithm_runs_and_counts_allreduces(small_dataset, tmp_path, alg
     else:
         expect = blocks
     assert s["allreduce_calls"] == expect
-    # [S (P) | 6 scalars | compute, data-wait, compute CPU (N each) | flags (1 + N)]
-    assert s["allreduce_bytes"] == expect * (t.P + 6 + 3 * 3 + 1 + 3) * 4
+    # [S (P) | 6 scalars | compute, data-wait, compute CPU, peak RSS, GPU pool
+    # (N each) | flags (1 + N)]
+    assert s["allreduce_bytes"] == expect * (t.P + 6 + 5 * 3 + 1 + 3) * 4
     lines = [json.loads(l) for l in open(tmp_path / "r" / "metrics.jsonl")]
     assert [l["block"] for l in lines] == list(range(blocks))
     assert all(l["samples"] > 0 and np.isfinite(l["train_loss"]) for l in lines)

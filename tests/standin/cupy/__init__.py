@@ -10,6 +10,10 @@ import fakecupy  # noqa: E402
 
 __version__ = "stand-in"
 _cp = fakecupy.FakeCupy()
+# FAKECUPY_POOL_LIMIT=BYTES: the pool refuses more, as after CuPy's
+# set_limit (tests of running out of GPU memory)
+if os.environ.get("FAKECUPY_POOL_LIMIT"):
+    _cp.get_default_memory_pool().set_limit(size=int(os.environ["FAKECUPY_POOL_LIMIT"]))
 
 
 def __getattr__(name):

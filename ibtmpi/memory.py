@@ -1,0 +1,77 @@
+"""Memory figures of a rank and the out-of-memory report.
+
+Each worker puts two numbers per block into the block's Allreduce (two
+float32 slots of its own, nothing extra on the wire worth counting): its
+process's peak resident set (host) and the bytes CuPy's memory pool holds
+on its GPU (0 on the CPU). Both are high-water marks: they size a run
+(how large data.batch, how many workers per GPU or node) and, growing block
+after block, show a leak. The master writes them to metrics.jsonl
+(peak_rss_mib, gpu_pool_mib), summary.json and its end-of-run line.
+
+A rank that runs out of memory (CuPy's OutOfMemoryError and NumPy's
+allocation error are both MemoryError) ends the job with EXIT_NO_MEMORY and
+one line saying where and what to change, not a traceback.
+"""
+import resource
+import sys
+
+EXIT_NO_MEMORY = 71       # EX_OSERR: the system could not give what was asked
+
+MIB = 2 ** 20
+
+
+def peak_rss_mib():
+    """This process's peak resident set in MiB: Linux's VmHWM, the high-water
+    mark of this program's memory. Elsewhere ru_maxrss (KiB, bytes on
+    macOS), which Linux carries over exec from the parent: a process
+    started by a large one would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (MIB if sys.platform == "darwin" else 1024)
+
+
+def _mib(x):
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
+
+
+def mib_range(values):
+    """'310 MiB' or '300-320 MiB' for a list of MiB figures."""
+    lo, hi = _mib(min(values)), _mib(max(values))
+    return f"{lo} MiB" if lo == hi else f"{lo}-{hi} MiB"
+
+
+def memory_line(summary):
+    """The end-of-run line on memory from summary.json's figures, or None
+    (a summary from before they were kept)."""
+    rss = summary.get("worker_peak_rss_mib")
+    if not rss:
+        return None
+    line = f"memory: workers' peak RSS {mib_range(rss)}"
+    gpu = summary.get("worker_gpu_pool_mib")
+    if gpu:
+        line += f", CuPy pool on their GPUs {mib_range(gpu)}"
+    if summary.get("rank0_peak_rss_mib"):
+        line += f"; rank 0 peak RSS {summary['rank0_peak_rss_mib']:.0f} MiB"
+    return line
+
+
+def oom_text(err, rank, phase, block, batch, gpu=None, pool_mib=None, sharing=1):
+    """The one-line report of a rank that ran out of memory. gpu: the device
+    ordinal of a GPU worker (None: host memory); pool_mib: what its CuPy pool
+    held; sharing: worker processes on that GPU (or node)."""
+    where = f"GPU {gpu}" if gpu is not None else "host memory"
+    held = f"; its CuPy pool held {_mib(pool_mib)} MiB" if pool_mib is not None else ""
+    unit = "GPU" if gpu is not None else "node"
+    fix = (f"Lower data.batch (now {batch}; it is part of the configuration, so train "
+           f"in a new run.dir)")
+    if sharing > 1:
+        fix += (f", or put fewer worker processes on each {unit} ({sharing} share this "
+                f"one; the same configuration resumes from its last complete checkpoint)")
+    return (f"[rank {rank}] ibtmpi train: out of memory ({where}) in block {block}, "
+            f"phase {phase}: {str(err).rstrip('.')}{held}. {fix}")

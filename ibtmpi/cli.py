@@ -97,6 +97,9 @@ def build_parser():
                    "confusion.png (default: print only)")
     p.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu",
                    help="as for train")
+    p.add_argument("--batch", type=int, default=256,
+                   help="images per forward pass (default 256; lower it when a GPU "
+                   "runs out of memory)")
 
     p = sub.add_parser("predict", help="class and probabilities for image files",
                        description="Predict image files or folders with exactly the "
@@ -457,11 +460,14 @@ def cmd_evaluate(args):
     import numpy as np
     from . import comm
     from .dataset import Dataset, DatasetError
+    from .memory import EXIT_NO_MEMORY
     from .outputs import (NoPlotting, TrainedModelError, confusion, confusion_png,
                           format_report, load_trained, report, run_data_path)
     from .schedule import worker_range
     size, rank = comm.world_size(), comm.world_rank()
     try:
+        if args.batch < 1:
+            raise UsageError(f"--batch must be at least 1, got {args.batch}")
         tm = load_trained(args.model)
         if args.data is None:
             args.data = run_data_path(args.model)
@@ -493,10 +499,18 @@ def cmd_evaluate(args):
         return _fail(f"ibtmpi evaluate: error: {e}", 2, size, rank)
     lo, hi = worker_range(sp.n, size, rank)       # this rank's share
     cm = np.zeros((len(tm.classes), len(tm.classes)), np.int64)
-    for s in range(lo, hi, 1024):
-        idx = np.arange(s, min(hi, s + 1024))
-        preds = tm.probs(sp.read(idx)).argmax(1)
-        cm += confusion(sp.labels[idx], preds, len(tm.classes))
+    step = max(1024, args.batch)
+    try:
+        for s in range(lo, hi, step):
+            idx = np.arange(s, min(hi, s + step))
+            preds = tm.probs(sp.read(idx), args.batch).argmax(1)
+            cm += confusion(sp.labels[idx], preds, len(tm.classes))
+    except MemoryError as e:           # CuPy's OutOfMemoryError, NumPy's
+        where = ("host memory" if tm.model.xp is np
+                 else f"GPU {tm.model.device_ops.device_id()}")
+        return _fail(f"[rank {rank}] ibtmpi evaluate: out of memory ({where}): "
+                     f"{str(e).rstrip('.')}. Lower --batch (now {args.batch})",
+                     EXIT_NO_MEMORY, size, rank, every_rank=True)
     total = np.zeros_like(cm)
     comm.allreduce_sum(cm, total, count=False)
     if rank == 0:

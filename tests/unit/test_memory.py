@@ -157,3 +157,34 @@ def test_each_workers_peak_rss_is_its_own(small_dataset, tmp_path):
                                         for i in range(2)]
     assert s["rank0_peak_rss_mib"] < s["worker_peak_rss_mib"][1] - 300
     assert "memory: workers' peak RSS " in r.stdout
+
+
+def test_evaluate_out_of_gpu_memory_names_batch_and_a_smaller_one_works(
+        small_dataset, tmp_path):
+    """`ibtmpi evaluate --device gpu` on the stand-in with a limited pool:
+    at --batch 256 the im2col buffer does not fit, exit 71 with one line
+    naming GPU 0 and the batch; at --batch 2 it fits and the report is the
+    CPU one's (the batch size does not change a prediction)."""
+    run = tmp_path / "run"
+    subprocess.run([sys.executable, "-m", "ibtmpi", "train", "--simulate", "2"]
+                   + train_args(small_dataset, run, passes=0.5), check=True,
+                   capture_output=True, timeout=120)
+
+    def evaluate(*extra, limit=None):
+        env = dict(os.environ, PYTHONPATH=STANDIN)
+        if limit:
+            env["FAKECUPY_POOL_LIMIT"] = str(limit)
+        return subprocess.run([sys.executable, "-m", "ibtmpi", "evaluate", str(run)]
+                              + list(extra), env=env, capture_output=True, text=True,
+                              timeout=120)
+    r = evaluate("--device", "gpu", limit=200_000)
+    assert r.returncode == memory.EXIT_NO_MEMORY, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "[rank 0] ibtmpi evaluate: out of memory (GPU 0): Out of memory" in r.stderr
+    assert r.stderr.rstrip().endswith("Lower --batch (now 256)")
+    assert "Traceback" not in r.stderr
+    small = evaluate("--device", "gpu", "--batch", "2", limit=200_000)
+    cpu = evaluate()
+    assert small.returncode == 0 and cpu.returncode == 0, small.stderr[-2000:]
+    assert small.stdout == cpu.stdout
+    bad = evaluate("--batch", "0")
+    assert bad.returncode == 2 and "--batch must be at least 1, got 0" in bad.stderr

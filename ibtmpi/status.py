@@ -1,7 +1,8 @@
 """`ibtmpi status RUN...`: what a run directory's job is doing, read from the
 files the run keeps (no MPI, no data): finished (summary.json), running
 (a live RUN/.lock: host, pid, batch job, heartbeat), failed
-(error-rank-*.txt newer than the last block), or stopped (preempted or
+(RUN/error-rank-*.txt: the last job's; earlier jobs' are moved to
+RUN/old-errors/ when a job starts), or stopped (preempted or
 killed: the checkpoint a rerun resumes from). Progress and time left come
 from metrics.jsonl."""
 import glob
@@ -131,6 +132,20 @@ def straggler(recs, window=20, share=0.8):
             "ratio": statistics.median(ratios[i])}
 
 
+def error_reason(path, limit=300):
+    """What an error-rank-R.txt says in one line: the line itself (out of
+    memory), or a traceback's heading and its last line, the exception."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [x.strip() for x in f.read(1 << 16).splitlines() if x.strip()]
+    except OSError:
+        return None
+    if not lines:
+        return None
+    text = lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def inspect(run_dir):
     """A dict describing the run: state (finished | running | failed |
     stopped | not started) and what is known about it."""
@@ -173,9 +188,8 @@ def inspect(run_dir):
         live = stale is None
     except FileNotFoundError:
         holder, age, live = None, None, False
+    # the last job's: each job moves its predecessors' to RUN/old-errors/
     errors = sorted(glob.glob(os.path.join(run_dir, "error-rank-*.txt")))
-    newest = os.path.getmtime(os.path.join(run_dir, "metrics.jsonl")) if recs else 0.0
-    errors = [e for e in errors if os.path.getmtime(e) >= newest]
     if live:
         info.update(state="running", holder=holder, heartbeat_s=age)
     elif summary is not None and (not recs or summary.get("blocks") == len(recs)):
@@ -187,7 +201,7 @@ def inspect(run_dir):
         if "test_acc" in b and b.get("block") != (summary.get("blocks") or 0) - 1:
             info["best_test"] = b
     elif errors:
-        info.update(state="failed", errors=errors)
+        info.update(state="failed", errors=errors, reason=error_reason(errors[0]))
     elif holder is not None:
         info.update(state="stopped", holder=holder, heartbeat_s=age)
     elif recs:
@@ -239,7 +253,8 @@ def describe(info):
                         f"test acc {b['test_acc']:.4f}")
     elif state == "failed":
         names = ", ".join(os.path.basename(e) for e in info["errors"])
-        line = f"failed after {prog} (see {names}); {resume}"
+        why = f": {info['reason']}" if info.get("reason") else ""
+        line = f"failed after {prog}{why} (see {names}); {resume}"
     elif state == "stopped":
         line = f"stopped after {prog}, not running; {resume}"
     else:

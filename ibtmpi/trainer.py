@@ -76,6 +76,7 @@ class Trainer:
         the worker keeps its consensus state on the GPU and hands device
         buffers to a CUDA-aware Allreduce; otherwise it stages through
         pinned host buffers."""
+        self.t_created = time.time()     # older error files are an earlier job's
         self.cfg = cfg
         self.log = log
         d, r, a = cfg["data"], cfg["run"], cfg["algorithm"]
@@ -963,6 +964,8 @@ class Trainer:
         lock = runlock.acquire(self.run_dir) if self.is_master else None
         if lock is not None and lock.took_over:
             self.log(f"took over {lock.path}: {lock.took_over}")
+        if lock is not None:
+            _retire_errors(self.run_dir, self.t_created)
         prof = None
         if self.cfg["run"]["profile"]:
             import cProfile
@@ -1072,6 +1075,7 @@ class Trainer:
                        "primal_residual": diag["primal"], "dual_residual": diag["dual"],
                        "rho": diag["rho"], "lr": diag.get("lr", self.opt.lr),
                        "wall_s": wall,
+                       "time": round(time.time(), 3),      # when the block ended
                        "compute_max_s": float(comp.max()),
                        "compute_mean_s": float(comp.mean()),
                        "data_wait_max_s": float(wait.max()),
@@ -1477,6 +1481,25 @@ def _per_worker_totals(history, n):
     h = [r for r in history if "compute_cpu_s" in r]
     return {key: [round(sum(r[src][i] for r in h), 3) for i in range(n)]
             for key, src in (("worker_compute_s", "compute_s"), ("worker_cpu_s", "compute_cpu_s"))}
+
+
+def _retire_errors(run_dir, before):
+    """Move the error-rank-*.txt an earlier job left (written before
+    `before`) to RUN/old-errors/, named by when they were written, so those
+    in RUN are this job's alone (`ibtmpi status`: failed) and the earlier
+    ones are kept to read."""
+    import glob
+    for path in glob.glob(os.path.join(run_dir, "error-rank-*.txt")):
+        try:
+            t = os.path.getmtime(path)
+            if t >= before:
+                continue
+            old = os.path.join(run_dir, "old-errors")
+            os.makedirs(old, exist_ok=True)
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(t))
+            os.replace(path, os.path.join(old, f"{os.path.basename(path)[:-4]}-{stamp}.txt"))
+        except OSError:
+            pass                  # gone meanwhile, or a read-only dir: status copes
 
 
 def _per_worker_peaks(history, n):

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from ibtmpi import checkpoint as ckpt
+from ibtmpi import runlock
 from ibtmpi.cli import main
 from conftest import IBTMPI, MPIEXEC, mpiexec
 
@@ -43,7 +44,7 @@ def launch(sets, env=None, n=3, popen=False):
 @pytest.mark.parametrize("rank,phase", [(1, "compute"), (2, "allreduce"), (0, "allreduce"),
                                         (0, "evaluation"), (1, "checkpoint"),
                                         (0, "checkpoint")])
-def test_injected_fault_ends_the_job_fast(small_dataset, tmp_path, rank, phase):
+def test_injected_fault_ends_the_job_fast(small_dataset, tmp_path, rank, phase, capsys):
     rc, out, err, dt = launch(base_sets(small_dataset, tmp_path / "r"),
                               {"IBTMPI_FAULT": f"{rank}:2:{phase}"})
     assert rc != 0
@@ -52,6 +53,21 @@ def test_injected_fault_ends_the_job_fast(small_dataset, tmp_path, rank, phase):
     assert "InjectedFault" in err
     saved = (tmp_path / "r" / f"error-rank-{rank}.txt").read_text()
     assert f"failed in block 2, phase {phase}" in saved
+    # `ibtmpi status` says why, from that file: its heading and the exception
+    # (once rank 0 is gone: MPICH's mpiexec can return a second before the
+    # launcher's signal has ended every rank, and until then the run is live)
+    lock = tmp_path / "r" / runlock.NAME
+    for _ in range(150):
+        try:
+            if not runlock._pid_alive(json.loads(lock.read_text())["pid"]):
+                break
+        except FileNotFoundError:           # released: rank 0 ended on its own
+            break
+        time.sleep(0.1)
+    assert main(["status", str(tmp_path / "r")]) == 0
+    assert (f": [rank {rank}] ibtmpi train failed in block 2, phase {phase}: "
+            f"ibtmpi.trainer.InjectedFault: injected fault on rank {rank}, block 2, "
+            f"phase {phase} (see error-rank-{rank}.txt)") in capsys.readouterr().out
 
 
 def test_divergence_stops_names_block_and_rank_keeps_checkpoint(small_dataset, tmp_path):
@@ -219,7 +235,12 @@ def test_mpi_run_killed_and_resumed_equals_uninterrupted(small_dataset, tmp_path
     rc, out, err, _ = launch(sets(tmp_path / "b"), {"IBTMPI_FAULT": "1:6:compute"})
     assert rc != 0 and "InjectedFault" in err
     assert ckpt.complete(str(tmp_path / "b"))[-1] == 3
+    failed = (tmp_path / "b" / "error-rank-1.txt").read_text()
     _resume_ends_as_uninterrupted(sets, tmp_path)
+    # the resumed job moved the failed job's error file aside, kept whole
+    assert not (tmp_path / "b" / "error-rank-1.txt").exists()
+    old = list((tmp_path / "b" / "old-errors").glob("error-rank-1-*.txt"))
+    assert len(old) == 1 and old[0].read_text() == failed
 
 
 def test_a_full_disk_ends_the_job_with_74_in_one_line_and_resumes(small_dataset, tmp_path):

@@ -85,10 +85,17 @@ def test_failed_and_not_started_and_missing(finished, tmp_path, capsys):
     run = halfway(finished, tmp_path / "f")
     time.sleep(0.01)
     with open(os.path.join(run, "error-rank-1.txt"), "w") as f:
-        f.write("[rank 1] ibtmpi train failed in block 9, phase compute:\n...")
+        f.write("[rank 1] ibtmpi train failed in block 9, phase compute:\nTraceback (most "
+                "recent call last):\n  File x, line 1\nValueError: bad thing\n\n")
     rc, out, _ = status(capsys, run)
-    assert (f"failed after 9/12 blocks (75%) (see error-rank-1.txt); a rerun resumes "
+    assert (f"failed after 9/12 blocks (75%): [rank 1] ibtmpi train failed in block 9, "
+            f"phase compute: ValueError: bad thing (see error-rank-1.txt); a rerun resumes "
             f"from {ckpt.ckpt_dir(run, 8)}") in out
+    oom = "[rank 1] ibtmpi train: out of memory (GPU 0) in block 9, phase compute: x. Lower"
+    with open(os.path.join(run, "error-rank-1.txt"), "w") as f:
+        f.write(oom + "\n")
+    rc, out, _ = status(capsys, run)
+    assert f"failed after 9/12 blocks (75%): {oom} (see error-rank-1.txt)" in out
     empty = tmp_path / "empty"
     empty.mkdir()
     rc, out, err = status(capsys, str(empty), str(tmp_path / "nope"))

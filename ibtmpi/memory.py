@@ -46,6 +46,15 @@ def mib_range(values):
     return f"{lo} MiB" if lo == hi else f"{lo}-{hi} MiB"
 
 
+def worker_peaks_text(rss_mib, pool_mib=0):
+    """'a worker's peak RSS up to X MiB[, its CuPy pool up to Y MiB]' for
+    the largest figures of a metrics line (progress lines, ibtmpi status)."""
+    text = f"a worker's peak RSS up to {mib_range([rss_mib])}"
+    if pool_mib:
+        text += f", its CuPy pool up to {mib_range([pool_mib])}"
+    return text
+
+
 def memory_line(summary):
     """The end-of-run line on memory from summary.json's figures, or None
     (a summary from before they were kept)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from .memory import worker_peaks_text
 from .status import (REPORT_NEED, REPORT_WINDOW, STARVED_SHARE, hms, mostly, ranges,
                      slow_worker)
 
@@ -34,10 +35,14 @@ class Progress:
         self.last = now
         done, left = k + 1 - self.start, self.total - (k + 1)
         el = now - self.t0
+        mem = ""
+        if rec.get("peak_rss_mib"):       # a leak shows as this growing
+            mem = "; " + worker_peaks_text(max(rec["peak_rss_mib"]),
+                                           max(rec.get("gpu_pool_mib") or [0]))
         self.log(f"block {k + 1}/{self.total} (pass {rec['pass'] + 1}, "
                  f"{rec['block_in_pass'] + 1}/{blocks_per_pass}): train loss "
                  f"{rec['train_loss']:.4f}, {self.images / max(el, 1e-9):.0f} img/s, "
-                 f"{hms(el)} elapsed, about {hms(el / done * left)} left")
+                 f"{hms(el)} elapsed, about {hms(el / done * left)} left{mem}")
 
 
 class Stragglers:

@@ -11,7 +11,7 @@ import os
 
 from . import checkpoint as ckpt
 from . import runlock
-from .memory import mib_range
+from .memory import worker_peaks_text
 
 
 def hms(s):
@@ -266,9 +266,7 @@ def describe(info):
                     f"{info['best']['block']}")
     mem = info.get("memory")
     if mem and state in ("running", "finished"):
-        line += f"; a worker's peak RSS up to {mib_range([mem['rss_mib']])}"
-        if mem["gpu_pool_mib"]:
-            line += f", its CuPy pool up to {mib_range([mem['gpu_pool_mib']])}"
+        line += "; " + worker_peaks_text(mem["rss_mib"], mem["gpu_pool_mib"])
     if bits:
         line += "; " + ", ".join(bits)
     st = info.get("starved")

@@ -123,6 +123,11 @@ def test_progress_lines_follow_the_clock_and_estimate_the_rest():
     pr.block_done(3, rec(3), 5)            # 60 s, 2 blocks done, 6 left
     assert lines == ["block 4/10 (pass 1, 4/5): train loss 0.5000, 2 img/s, "
                      "0:01:00 elapsed, about 0:03:00 left"]
+    t[0] = 230.0                           # with the workers' memory figures
+    pr.block_done(3, dict(rec(3), peak_rss_mib=[300.4, 320.2], gpu_pool_mib=[0.5, 0.9]), 5)
+    assert lines[-1].endswith("left; a worker's peak RSS up to 320 MiB, its CuPy pool up "
+                              "to 0.9 MiB"), lines[-1]
+    del lines[-1]
     t[0] = 400.0
     pr.block_done(4, rec(4), 5)            # a pass's last block: the pass line says it
     assert len(lines) == 1

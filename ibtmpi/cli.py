@@ -383,7 +383,7 @@ def _out_of_memory(err, trainer, cfg, ops, size, rank):
         msg = oom_text(err, rank, "start-up", 0, batch, gpu, pool)
     else:
         msg = oom_text(err, rank, trainer.phase, trainer.block, batch, gpu, pool,
-                       trainer.sharing())
+                       trainer.sharing(), master=not trainer.local)
     _keep_error(cfg, rank, msg)
     return _fail(msg, EXIT_NO_MEMORY, size, rank, every_rank=True)
 

@@ -70,16 +70,22 @@ def memory_line(summary):
     return line
 
 
-def oom_text(err, rank, phase, block, batch, gpu=None, pool_mib=None, sharing=1):
+def oom_text(err, rank, phase, block, batch, gpu=None, pool_mib=None, sharing=1,
+             master=False):
     """The one-line report of a rank that ran out of memory. gpu: the device
     ordinal of a GPU worker (None: host memory); pool_mib: what its CuPy pool
-    held; sharing: worker processes on that GPU (or node)."""
+    held; sharing: worker processes on that GPU (or node); master: the rank
+    has no worker (it holds z, the val and test splits, and evaluates)."""
     where = f"GPU {gpu}" if gpu is not None else "host memory"
     held = f"; its CuPy pool held {_mib(pool_mib)} MiB" if pool_mib is not None else ""
     unit = "GPU" if gpu is not None else "node"
     fix = (f"Lower data.batch (now {batch}; it is part of the configuration, so train "
            f"in a new run.dir)")
-    if sharing > 1:
+    if master:
+        fix = ("The master holds the val and test splits in memory and evaluates 256 "
+               "images at a time: give rank 0 a node (or a share of one) with more "
+               "memory, or make the val and test splits smaller")
+    elif sharing > 1:
         fix += (f", or put fewer worker processes on each {unit} ({sharing} share this "
                 f"one; the same configuration resumes from its last complete checkpoint)")
     return (f"[rank {rank}] ibtmpi train: out of memory ({where}) in block {block}, "

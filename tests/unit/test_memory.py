@@ -60,6 +60,10 @@ def test_texts():
     assert "fewer worker processes on each GPU (4 share this one" in t
     host = memory.oom_text(MemoryError("Unable to allocate 8 GiB"), 1, "data", 0, 16)
     assert "out of memory (host memory)" in host and "share" not in host
+    master = memory.oom_text(MemoryError("Unable to allocate 8 GiB"), 0, "evaluation", 3,
+                             16, master=True)
+    assert "phase evaluation: Unable to allocate 8 GiB. The master holds the val" in master
+    assert "data.batch" not in master
 
 
 def test_gpu_pool_figure_is_the_pools_high_water(small_dataset, tmp_path):

@@ -29,7 +29,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import memory, runlock
-from .monitor import (Progress, Starved, Stragglers, oversubscription_text,
+from .monitor import (MemoryGrowth, Progress, Starved, Stragglers, oversubscription_text,
                       placement_text)
 from .status import eval_rank, ranges
 from .config import DEFAULTS, ConfigError, digest
@@ -77,6 +77,7 @@ class Trainer:
         buffers to a CUDA-aware Allreduce; otherwise it stages through
         pinned host buffers."""
         self.t_created = time.time()     # older error files are an earlier job's
+        self._leaked = []                # IBTMPI_FAULT=rank:block:leak (tests)
         self.cfg = cfg
         self.log = log
         d, r, a = cfg["data"], cfg["run"], cfg["algorithm"]
@@ -303,6 +304,8 @@ class Trainer:
             loss_sum, cnt, corr = self._run_steps(mbs)
             if stage:
                 self.dev.to_host(self.model.params, wh)
+            if self.fault and self.fault[::2] == (self.rank, "leak") and k >= self.fault[1]:
+                self._leaked.append(np.ones(2_500_000))    # injected leak: 20 MB a block
             if self.fault and self.fault == (self.rank, k, "nan"):
                 loss_sum = float("nan")            # injected divergence (tests)
                 wh[0] = np.nan
@@ -746,6 +749,13 @@ class Trainer:
         host, dev = rows[self.rank][0], rows[self.rank][3]
         return sum(1 for r in rows if r[0] == host and r[3] == dev)
 
+    def _growth_text(self, p, key, i, first, now):
+        what = "peak RSS" if key == "peak_rss_mib" else "CuPy pool"
+        return (f"memory: {self._workers_text([i])}: {what} grew from {first:.0f} MiB at "
+                f"the end of this job's first pass to {now:.0f} MiB at the end of pass "
+                f"{p + 1}, and in each of the last two passes: a leak? ({key} in "
+                f"metrics.jsonl has it block by block)")
+
     def _workers_text(self, ws):
         """'worker 3 (rank 4 on node7)', 'worker(s) 0-3 (rank(s) 1-4 on a, b)'."""
         one = len(ws) == 1
@@ -1033,6 +1043,7 @@ class Trainer:
         progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
             if self.is_master and bar is None and not r["quiet"] else None
         self.stragglers = Stragglers(n)
+        self.growth = MemoryGrowth()
         # CPU workers (GPU workers' host threads may rightly sleep in compute);
         # one process (simulation, N = 1) has one placement row
         rows = self.placement
@@ -1124,6 +1135,9 @@ class Trainer:
                         bar.set_postfix(loss=f"{rec['train_loss']:.3f}")
                     if progress is not None and not last:
                         progress.block_done(k, rec, self.sched.blocks_per_pass)
+                    if b + 1 == self.sched.blocks_per_pass:
+                        for found in self.growth.pass_done(rec):
+                            self.log(self._growth_text(p, *found))
                 if self.deadline is not None and not (last or self.stop_requested):
                     self._check_deadline(wall)
                 if (k + 1) % every == 0 or last or self.stop_agreed:
@@ -1238,6 +1252,10 @@ class Trainer:
                    # than STARVED_SHARE of its compute time
                    "starved_blocks": {str(i): c for i, c in
                                       sorted(self.starved.counts.items())},
+                   # figure -> {worker: [MiB at the first pass end, MiB later]}
+                   # of the workers whose memory kept growing (a leak?)
+                   "memory_growth": {k: {str(i): v for i, v in sorted(d.items())}
+                                     for k, d in self.growth.found.items()},
                    "environment": self._environment()}
         trained = self.total_blocks - self.start
         late = self.starved.summary(trained) if self.is_master else None

@@ -192,3 +192,49 @@ def test_evaluate_out_of_gpu_memory_names_batch_and_a_smaller_one_works(
     assert small.stdout == cpu.stdout
     bad = evaluate("--batch", "0")
     assert bad.returncode == 2 and "--batch must be at least 1, got 0" in bad.stderr
+
+
+def test_memory_growth_names_a_worker_growing_pass_after_pass():
+    from ibtmpi.monitor import MemoryGrowth
+    g = MemoryGrowth()
+
+    def end(rss, pool=None):
+        rec = {"peak_rss_mib": rss}
+        if pool:
+            rec["gpu_pool_mib"] = pool
+        return g.pass_done(rec)
+    assert end([100, 100], [500, 500]) == []          # pass 1: the baseline
+    assert end([150, 100], [500, 900]) == []          # pass 2: too early to say
+    # pass 3: worker 0's RSS rose twice, to 1.6x and +60 MiB: under 64 MiB;
+    # worker 1's pool rose only once (900 -> 900)
+    assert end([160, 100], [500, 900]) == []
+    assert end([170, 101], [500, 900]) == [("peak_rss_mib", 0, 100, 170)]
+    assert end([200, 101], [500, 900]) == []          # named once
+    assert g.found == {"peak_rss_mib": {0: [100, 170]}}
+    flat = MemoryGrowth()                               # a steady run: flat marks
+    assert [flat.pass_done({"peak_rss_mib": [300.0]}) for _ in range(6)] == [[]] * 6
+
+
+@needs_mpi
+@pytest.mark.parametrize("leak", [True, False])
+def test_a_leaking_worker_is_named_and_a_steady_one_is_not(small_dataset, tmp_path, leak):
+    """mpiexec -n 3, 4 passes of 6 blocks; with IBTMPI_FAULT=2:0:leak worker
+    1 keeps 20 MB more every block: named (rank 2) after pass 3, once, in
+    summary.json too; without it nobody is, its marks flat after pass 1."""
+    run = tmp_path / "r"
+    env = dict(os.environ, **({"IBTMPI_FAULT": "2:0:leak"} if leak else {}))
+    r = subprocess.run(mpiexec(3) + [sys.executable, "-m", "ibtmpi", "train"]
+                       + train_args(small_dataset, run, passes=4), env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads((run / "summary.json").read_text())
+    said = [x for x in r.stdout.splitlines() if "a leak?" in x]
+    if leak:
+        assert len(said) == 1, r.stdout
+        assert said[0].startswith("memory: worker 1 (rank 2 on ")
+        assert "peak RSS grew from " in said[0] and "at the end of pass 3" in said[0]
+        first, now = s["memory_growth"]["peak_rss_mib"]["1"]
+        assert now - first > 200                   # 6 blocks x 20 MB a pass, 2 passes
+        assert list(s["memory_growth"]["peak_rss_mib"]) == ["1"]
+    else:
+        assert said == [] and s["memory_growth"] == {}

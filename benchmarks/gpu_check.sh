@@ -12,7 +12,8 @@
 #    process, which needs no MPI); with a CUDA-aware MPI
 #    also run.cuda_aware = off, and z of both modes compared bit for bit;
 #    the same one-process GPU run twice, z compared bit for bit; the MPI
-#    run's timeline (train_timeline.json: every rank's spans per block)
+#    run's timeline (train_timeline.json: every rank's spans per block);
+#    a run under a GPU memory limit must end with exit 71 and one line
 # Every stage runs under its own time limit, so one that hangs costs its
 # limit, not the rest, and all of them within GPU_CHECK_BUDGET seconds (450
 # unless set: a stage gets what is left, one that would start with under
@@ -142,6 +143,16 @@ for i in 1 2; do
 done
 same_z "GPU run repeated" "$tmp/rep1" "$tmp/rep2"
 tail -n 5 "$tmp/repeat.log" >>"$out/train.txt" 2>/dev/null
+# out of GPU memory: a pool limit (CuPy's CUPY_GPU_MEMORY_LIMIT) below what
+# training needs must end the run with exit status 71 and one line naming
+# the GPU, no traceback
+oom_limit=$([ "${GPU_CHECK_QUICK:-0}" = 1 ] && echo 300000 || echo 64000000)
+stage out-of-memory 120 "$out/train.txt" env CUPY_GPU_MEMORY_LIMIT=$oom_limit bash -c '
+    log=$(python3 -m ibtmpi train --device gpu --simulate 2 "$@" 2>&1); rc=$?
+    echo "$log" | tail -n 3
+    echo "CUPY_GPU_MEMORY_LIMIT='$oom_limit': exit status $rc (71 expected)"
+    [ $rc = 71 ] && echo "$log" | grep -q "out of memory (GPU" \
+        && ! echo "$log" | grep -q Traceback' _ $rep --set run.dir=$tmp/oom
 cp "$tmp/run/summary.json" "$out/train_summary.json" 2>/dev/null
 cp "$tmp/run/timeline.json" "$out/train_timeline.json" 2>/dev/null
 cat "$out/stages.txt"

@@ -47,3 +47,27 @@ def test_step_grad_keeps_the_loss_on_the_device():
     np.testing.assert_allclose(g.asnumpy(m.grads), grads, rtol=1e-6, atol=1e-7)
     got = m.read_stats(stats)
     assert got[0] == pytest.approx(loss * 8, rel=1e-6) and got[1] == c
+
+
+def test_pool_figure_and_out_of_memory():
+    """pool_bytes (the workers' gpu_pool_mib) grows with a step's arrays; a
+    pool limit (CuPy's set_limit, what CUPY_GPU_MEMORY_LIMIT sets) below a
+    step's need raises a MemoryError, which `ibtmpi train` turns into
+    exit 71 with one line; after the limit is lifted the same step runs."""
+    from ibtmpi.model import Model
+    g = backend.GpuOps()
+    pool = g.cp.get_default_memory_pool()
+    m = Model("tiny", (3, 16, 16), 5, ops=g)
+    x = np.random.default_rng(2).standard_normal((64, 3, 16, 16)).astype(np.float32)
+    y = np.arange(64) % 5
+    m.step_grad(x, y, m.new_stats(64))
+    held = g.pool_bytes()
+    assert held >= m.size * 4 * 2                # at least params and grads
+    pool.free_all_blocks()                       # cached blocks would be reused
+    pool.set_limit(size=pool.total_bytes() + 64 * 1024)   # room for 64 KiB more
+    try:
+        with pytest.raises(MemoryError, match="[Oo]ut of memory"):
+            m.step_grad(x, y, m.new_stats(64))
+    finally:
+        pool.set_limit(size=0)
+    m.step_grad(x, y, m.new_stats(64))

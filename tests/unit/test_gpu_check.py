@@ -43,7 +43,7 @@ def ok(stages, names, log):
 
 
 COMMON = ["imports", "info", "compile", "gpu-tests", "step-vs-cudnn", "prep"]
-REPEAT = ["repeat-1", "repeat-2"]
+REPEAT = ["repeat-1", "repeat-2", "out-of-memory"]
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(BIN, "mpiexec")),
@@ -55,6 +55,7 @@ def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
     assert "device buffers to MPI" in train and "staged through pinned host buffers" in train
     assert "cuda_aware on vs off, z bitwise equal: True" in train, train
     assert "GPU run repeated, z bitwise equal: True" in train, train
+    assert "CUPY_GPU_MEMORY_LIMIT=300000: exit status 71 (71 expected)" in train, train
     files = sorted(p.name for p in out.iterdir())
     assert files == ["env.txt", "gpu_step.json", "gpu_step.txt", "gpu_tests.txt", "stages.txt",
                      "train.txt", "train_summary.json", "train_timeline.json"]   # 8 come back

@@ -98,7 +98,7 @@ def test_out_of_gpu_memory_in_one_process(small_dataset, tmp_path):
     phase, no traceback; RUN/error-rank-0.txt keeps it, so `ibtmpi
     status` calls the run failed."""
     run = tmp_path / "r"
-    env = dict(os.environ, PYTHONPATH=STANDIN, FAKECUPY_POOL_LIMIT="300000")
+    env = dict(os.environ, PYTHONPATH=STANDIN, CUPY_GPU_MEMORY_LIMIT="300000")
     r = subprocess.run([sys.executable, "-m", "ibtmpi", "train", "--device", "gpu",
                         "--simulate", "2"] + train_args(small_dataset, run, passes=0.5),
                        env=env, capture_output=True, text=True, timeout=120)
@@ -123,7 +123,7 @@ def test_out_of_gpu_memory_on_one_worker_ends_the_job(small_dataset, tmp_path):
     args = ["-m", "ibtmpi", "train", "--device", "gpu"] + train_args(small_dataset, run)
     cmd = launcher.command(3, MPIEXEC)
     for i, extra in enumerate([[], [f"PYTHONPATH={STANDIN}"],
-                               [f"PYTHONPATH={STANDIN}", "FAKECUPY_POOL_LIMIT=300000"]]):
+                               [f"PYTHONPATH={STANDIN}", "CUPY_GPU_MEMORY_LIMIT=300000"]]):
         cmd += ([":"] if i else []) + ["-n", "1", "env"] + (extra or ["PYTHONPATH="]) + \
             [sys.executable] + args
     t0 = time.time()
@@ -177,7 +177,7 @@ def test_evaluate_out_of_gpu_memory_names_batch_and_a_smaller_one_works(
     def evaluate(*extra, limit=None):
         env = dict(os.environ, PYTHONPATH=STANDIN)
         if limit:
-            env["FAKECUPY_POOL_LIMIT"] = str(limit)
+            env["CUPY_GPU_MEMORY_LIMIT"] = str(limit)
         return subprocess.run([sys.executable, "-m", "ibtmpi", "evaluate", str(run)]
                               + list(extra), env=env, capture_output=True, text=True,
                               timeout=120)

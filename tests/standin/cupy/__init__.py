@@ -10,10 +10,10 @@ import fakecupy  # noqa: E402
 
 __version__ = "stand-in"
 _cp = fakecupy.FakeCupy()
-# FAKECUPY_POOL_LIMIT=BYTES: the pool refuses more, as after CuPy's
-# set_limit (tests of running out of GPU memory)
-if os.environ.get("FAKECUPY_POOL_LIMIT"):
-    _cp.get_default_memory_pool().set_limit(size=int(os.environ["FAKECUPY_POOL_LIMIT"]))
+# CUPY_GPU_MEMORY_LIMIT=BYTES, CuPy's own variable: the pool refuses more
+# (CuPy also takes a percentage of the device; the stand-in has no size)
+if os.environ.get("CUPY_GPU_MEMORY_LIMIT"):
+    _cp.get_default_memory_pool().set_limit(size=int(os.environ["CUPY_GPU_MEMORY_LIMIT"]))
 
 
 def __getattr__(name):

@@ -40,6 +40,28 @@ def gpu_status():
     return True, f"{n} CUDA device(s)"
 
 
+def device_lines():
+    """One line per visible CUDA device: ordinal, name, compute capability,
+    memory total and free (`ibtmpi info`); [] without CuPy or devices."""
+    try:
+        import cupy
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        return []
+    out = []
+    for i in range(n):
+        try:
+            p = cupy.cuda.runtime.getDeviceProperties(i)
+            name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+            with cupy.cuda.Device(i):
+                free, total = cupy.cuda.Device(i).mem_info
+            out.append(f"{i}: {name}, compute capability {p['major']}.{p['minor']}, "
+                       f"{total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free)")
+        except Exception as e:            # a device that does not answer: say so
+            out.append(f"{i}: cannot be queried ({type(e).__name__}: {e})")
+    return out
+
+
 def select(device="auto"):
     """cpu | gpu for this process alone (see workers_device)."""
     if device == "cpu":

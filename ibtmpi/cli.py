@@ -204,9 +204,11 @@ def cmd_info(args):
     except launcher.LauncherError as e:
         print(f"launcher: none ({e})")
     print(f"BLAS threads per rank: {n} (usable cores {threads.usable_cores()})")
-    from .backend import gpu_status
+    from .backend import device_lines, gpu_status
     ok, why = gpu_status()
     print(f"GPU: {why}" + ("" if ok else "; --device gpu is refused here"))
+    for line in device_lines() if ok else []:
+        print(f"  GPU {line}")
     aware, how = comm.cuda_support()
     print(f"CUDA-aware MPI: {({True: 'yes', False: 'no'}).get(aware, 'not said')} "
           f"({how}; run.cuda_aware = auto follows it)")

@@ -120,6 +120,13 @@ class _Runtime:
     def getDeviceCount():                            # noqa: N802 (CuPy's name)
         return 1
 
+    @staticmethod
+    def getDeviceProperties(index):                  # noqa: N802 (CuPy's name)
+        if index != 0:
+            raise ValueError(f"invalid device ordinal {index}")
+        return {"name": b"CuPy stand-in", "major": 9, "minor": 0,
+                "totalGlobalMem": 16 * 2 ** 30}
+
 
 class _Device(_Stream):
     """cupy.cuda.Device: synchronize (logged like a stream's), its ordinal,
@@ -133,6 +140,18 @@ class _Device(_Stream):
     def use(self):
         if self.id != 0:
             raise ValueError(f"invalid device ordinal {self.id} (one visible device)")
+
+    def __enter__(self):
+        self.use()
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    @property
+    def mem_info(self):
+        """(free, total) bytes: a 16 GiB device, less what the pool holds."""
+        return 16 * 2 ** 30 - POOL.total_bytes(), 16 * 2 ** 30
 
 
 class OutOfMemoryError(MemoryError):

@@ -125,3 +125,24 @@ def test_auto_on_mixed_workers_computes_on_the_cpu_everywhere_and_says_why():
 def test_evaluation_counts_every_rank():
     assert backend.workers_device("auto", [NONE, GPU], master=False)[0] == "cpu"
     assert backend.workers_device("cpu", [GPU, GPU]) == ("cpu", None)
+
+
+def test_device_lines_name_each_device_and_a_broken_one(monkeypatch):
+    import sys
+    import types
+    from fakecupy import FakeCupy
+    from ibtmpi import backend
+    fake = FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert backend.device_lines() == [
+        f"0: CuPy stand-in, compute capability 9.0, 16.0 GiB "
+        f"({fake.cuda.Device(0).mem_info[0] / 2**30:.1f} GiB free)"]
+
+    def broken(i):
+        raise RuntimeError("cudaErrorECCUncorrectable")
+    rt = types.SimpleNamespace(getDeviceCount=lambda: 2, getDeviceProperties=broken)
+    monkeypatch.setattr(fake.cuda, "runtime", rt)
+    assert backend.device_lines() == [
+        f"{i}: cannot be queried (RuntimeError: cudaErrorECCUncorrectable)" for i in (0, 1)]
+    monkeypatch.setitem(sys.modules, "cupy", None)     # no CuPy: nothing to list
+    assert backend.device_lines() == []

@@ -61,7 +61,8 @@ def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
                      "train.txt", "train_summary.json", "train_timeline.json"]   # 8 come back
     assert [r["batch"] for r in json.loads((out / "gpu_step.json").read_text())] == [2, 3]
     assert "passed" in (out / "gpu_tests.txt").read_text()
-    assert "GPU: 1 CUDA device(s)" in (out / "env.txt").read_text()
+    env = (out / "env.txt").read_text()
+    assert "GPU: 1 CUDA device(s)\n  GPU 0: CuPy stand-in, compute capability 9.0, 16.0 GiB (" in env
     summary = json.loads((out / "train_summary.json").read_text())
     assert (summary["N"], summary["world_size"], summary["simulated"]) == (2, 3, False)
 

@@ -387,6 +387,29 @@ def plot_run(run_dir, out_dir=None):
         fig.savefig(files[-1], dpi=100)
         plt.close(fig)
 
+    mem = [r for r in recs if len(r.get("peak_rss_mib", ())) == n]
+    if mem:
+        # each worker's high-water marks: flat after the first pass, or a leak
+        pools = all(len(r.get("gpu_pool_mib", ())) == n for r in mem)
+        fig, axes = plt.subplots(2 if pools else 1, 1, sharex=True,
+                                 figsize=(7, 5.5 if pools else 3.5), squeeze=False)
+        mb = [r["block"] for r in mem]
+        for ax, key, what in [(axes[0][0], "peak_rss_mib", "peak RSS (MiB)")] + (
+                [(axes[1][0], "gpu_pool_mib", "CuPy pool (MiB)")] if pools else []):
+            vals = np.array([r[key] for r in mem]).T         # (N, blocks)
+            for i in range(min(n, 16)):
+                ax.plot(mb, vals[i], drawstyle="steps-post", label=f"worker {i}")
+            ax.set_ylabel(what)
+        axes[0][0].set_title(f"memory per worker ({algo}, N = {n})"
+                             + ("; the first 16 workers" if n > 16 else ""))
+        axes[-1][0].set_xlabel("block")
+        if n <= 8:
+            axes[0][0].legend(loc="lower right")
+        fig.tight_layout()
+        files.append(os.path.join(out_dir, "memory.png"))
+        fig.savefig(files[-1], dpi=100)
+        plt.close(fig)
+
     tl = timeline_png(run_dir, os.path.join(out_dir, "timeline.png"), plt)
     if tl:
         files.append(tl)

@@ -136,6 +136,7 @@ def test_plot_writes_pngs(run_dir, tmp_path, capsys):
     assert main(["plot", run_dir, "--out", str(tmp_path / "pl")]) == 0
     for f in ("loss_accuracy.png", "residuals.png", "time_breakdown.png",
               "worker_compute.png",                   # N = 2: per-worker heatmap
+              "memory.png",                           # each worker's peak RSS
               "learning_rate.png"):                   # a cosine schedule
         assert (tmp_path / "pl" / f).stat().st_size > 2000
     recs = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]

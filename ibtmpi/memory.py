@@ -6,7 +6,8 @@ process's peak resident set (host) and the bytes CuPy's memory pool holds
 on its GPU (0 on the CPU). Both are high-water marks: they size a run
 (how large data.batch, how many workers per GPU or node) and, growing block
 after block, show a leak. The master writes them to metrics.jsonl
-(peak_rss_mib, gpu_pool_mib), summary.json and its end-of-run line.
+(peak_rss_mib, gpu_pool_mib), summary.json and its end-of-run line, and
+names a worker whose figures keep growing pass after pass (MemoryGrowth).
 
 A rank that runs out of memory (CuPy's OutOfMemoryError and NumPy's
 allocation error are both MemoryError) ends the job with EXIT_NO_MEMORY and
@@ -68,6 +69,39 @@ def memory_line(summary):
     if summary.get("rank0_peak_rss_mib"):
         line += f"; rank 0 peak RSS {summary['rank0_peak_rss_mib']:.0f} MiB"
     return line
+
+
+class MemoryGrowth:
+    """Master: a worker whose memory keeps growing pass after pass (a
+    leak). The figures are high-water marks, so once the first pass has
+    filled the caches a steady run stops raising them; a worker whose peak
+    RSS (or CuPy pool) rose in each of the last two passes, to GROWTH x and
+    MIN_MIB above its figure at the end of this job's first pass, is named
+    once per figure."""
+    GROWTH, MIN_MIB = 1.25, 64
+    KEYS = ("peak_rss_mib", "gpu_pool_mib")
+
+    def __init__(self):
+        self.ends = []          # per pass end: {key: [MiB per worker]}
+        self.found = {}         # key -> {worker: [at the first pass end, now]}
+
+    def pass_done(self, rec):
+        """At a pass's last block: [(key, worker, first, now)] newly found."""
+        self.ends.append({k: list(rec[k]) for k in self.KEYS if rec.get(k)})
+        if len(self.ends) < 3:
+            return []
+        first, prev, now = self.ends[0], self.ends[-2], self.ends[-1]
+        out = []
+        for key, vals in now.items():
+            if key not in first or key not in prev:
+                continue
+            for i, v in enumerate(vals):
+                a, b = first[key][i], prev[key][i]
+                if (v > b > a and v >= self.GROWTH * a and v - a >= self.MIN_MIB
+                        and i not in self.found.get(key, {})):
+                    self.found.setdefault(key, {})[i] = [a, v]
+                    out.append((key, i, a, v))
+        return out
 
 
 def oom_text(err, rank, phase, block, batch, gpu=None, pool_mib=None, sharing=1,

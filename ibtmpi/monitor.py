@@ -113,39 +113,6 @@ class Starved:
         return out or None
 
 
-class MemoryGrowth:
-    """Master: a worker whose memory keeps growing pass after pass (a
-    leak). The figures are high-water marks, so once the first pass has
-    filled the caches a steady run stops raising them; a worker whose peak
-    RSS (or CuPy pool) rose in each of the last two passes, to GROWTH x and
-    MIN_MIB above its figure at the end of this job's first pass, is named
-    once per figure."""
-    GROWTH, MIN_MIB = 1.25, 64
-    KEYS = ("peak_rss_mib", "gpu_pool_mib")
-
-    def __init__(self):
-        self.ends = []          # per pass end: {key: [MiB per worker]}
-        self.found = {}         # key -> {worker: [at the first pass end, now]}
-
-    def pass_done(self, rec):
-        """At a pass's last block: [(key, worker, first, now)] newly found."""
-        self.ends.append({k: list(rec[k]) for k in self.KEYS if rec.get(k)})
-        if len(self.ends) < 3:
-            return []
-        first, prev, now = self.ends[0], self.ends[-2], self.ends[-1]
-        out = []
-        for key, vals in now.items():
-            if key not in first or key not in prev:
-                continue
-            for i, v in enumerate(vals):
-                a, b = first[key][i], prev[key][i]
-                if (v > b > a and v >= self.GROWTH * a and v - a >= self.MIN_MIB
-                        and i not in self.found.get(key, {})):
-                    self.found.setdefault(key, {})[i] = [a, v]
-                    out.append((key, i, a, v))
-        return out
-
-
 def placement_text(rows, show=4):
     """One line on where the ranks run, from _placement's rows (host, pid,
     BLAS threads, device, usable cores): nodes with their ranks (the first

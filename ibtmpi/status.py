@@ -11,7 +11,7 @@ import os
 
 from . import checkpoint as ckpt
 from . import runlock
-from .memory import worker_peaks_text
+from .memory import MemoryGrowth, worker_peaks_text
 
 
 def hms(s):
@@ -132,6 +132,17 @@ def straggler(recs, window=20, share=0.8):
             "ratio": statistics.median(ratios[i])}
 
 
+def growing(recs):
+    """The workers whose memory kept growing pass after pass (the master's
+    MemoryGrowth rule replayed over the metrics lines at pass ends)."""
+    bpp = max(r.get("block_in_pass", 0) for r in recs) + 1
+    g = MemoryGrowth()
+    for r in recs:
+        if r.get("block_in_pass") == bpp - 1:
+            g.pass_done(r)
+    return sorted({i for found in g.found.values() for i in found})
+
+
 def error_reason(path, limit=300):
     """What an error-rank-R.txt says in one line: the line itself (out of
     memory), or a traceback's heading and its last line, the exception."""
@@ -178,6 +189,9 @@ def inspect(run_dir):
         if last.get("peak_rss_mib"):          # the workers' high-water marks
             info["memory"] = {"rss_mib": max(last["peak_rss_mib"]),
                               "gpu_pool_mib": max(last.get("gpu_pool_mib") or [0])}
+            leaks = growing(recs)
+            if leaks:
+                info["memory"]["growing"] = leaks
     try:
         with open(os.path.join(run_dir, "summary.json")) as f:
             summary = json.load(f)
@@ -267,6 +281,10 @@ def describe(info):
     mem = info.get("memory")
     if mem and state in ("running", "finished"):
         line += "; " + worker_peaks_text(mem["rss_mib"], mem["gpu_pool_mib"])
+    if mem and mem.get("growing"):
+        ws = mem["growing"]
+        who = f"worker {ws[0]}" if len(ws) == 1 else f"workers {ranges(ws)}"
+        line += f"; {who}: memory kept growing pass after pass (a leak?)"
     if bits:
         line += "; " + ", ".join(bits)
     st = info.get("starved")

@@ -29,7 +29,8 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import memory, runlock
-from .monitor import (MemoryGrowth, Progress, Starved, Stragglers, oversubscription_text,
+from .memory import MemoryGrowth
+from .monitor import (Progress, Starved, Stragglers, oversubscription_text,
                       placement_text)
 from .status import eval_rank, ranges
 from .config import DEFAULTS, ConfigError, digest

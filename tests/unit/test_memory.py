@@ -195,8 +195,7 @@ def test_evaluate_out_of_gpu_memory_names_batch_and_a_smaller_one_works(
 
 
 def test_memory_growth_names_a_worker_growing_pass_after_pass():
-    from ibtmpi.monitor import MemoryGrowth
-    g = MemoryGrowth()
+    g = memory.MemoryGrowth()
 
     def end(rss, pool=None):
         rec = {"peak_rss_mib": rss}
@@ -211,7 +210,7 @@ def test_memory_growth_names_a_worker_growing_pass_after_pass():
     assert end([170, 101], [500, 900]) == [("peak_rss_mib", 0, 100, 170)]
     assert end([200, 101], [500, 900]) == []          # named once
     assert g.found == {"peak_rss_mib": {0: [100, 170]}}
-    flat = MemoryGrowth()                               # a steady run: flat marks
+    flat = memory.MemoryGrowth()                               # a steady run: flat marks
     assert [flat.pass_done({"peak_rss_mib": [300.0]}) for _ in range(6)] == [[]] * 6
 
 
@@ -220,7 +219,7 @@ def test_memory_growth_names_a_worker_growing_pass_after_pass():
 def test_a_leaking_worker_is_named_and_a_steady_one_is_not(small_dataset, tmp_path, leak):
     """mpiexec -n 3, 4 passes of 6 blocks; with IBTMPI_FAULT=2:0:leak worker
     1 keeps 20 MB more every block: named (rank 2) after pass 3, once, in
-    summary.json too; without it nobody is, its marks flat after pass 1."""
+    summary.json and by `ibtmpi status` too; without it nobody is."""
     run = tmp_path / "r"
     env = dict(os.environ, **({"IBTMPI_FAULT": "2:0:leak"} if leak else {}))
     r = subprocess.run(mpiexec(3) + [sys.executable, "-m", "ibtmpi", "train"]
@@ -229,7 +228,10 @@ def test_a_leaking_worker_is_named_and_a_steady_one_is_not(small_dataset, tmp_pa
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     s = json.loads((run / "summary.json").read_text())
     said = [x for x in r.stdout.splitlines() if "a leak?" in x]
+    st = subprocess.run([sys.executable, "-m", "ibtmpi", "status", str(run)],
+                        capture_output=True, text=True, timeout=60).stdout
     if leak:
+        assert "; worker 1: memory kept growing pass after pass (a leak?)" in st, st
         assert len(said) == 1, r.stdout
         assert said[0].startswith("memory: worker 1 (rank 2 on ")
         assert "peak RSS grew from " in said[0] and "at the end of pass 3" in said[0]
@@ -238,3 +240,4 @@ def test_a_leaking_worker_is_named_and_a_steady_one_is_not(small_dataset, tmp_pa
         assert list(s["memory_growth"]["peak_rss_mib"]) == ["1"]
     else:
         assert said == [] and s["memory_growth"] == {}
+        assert "kept growing" not in st and "a worker's peak RSS up to" in st

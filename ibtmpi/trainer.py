@@ -29,7 +29,6 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import comm as mpi
 from . import memory, runlock
-from .memory import MemoryGrowth
 from .monitor import (Progress, Starved, Stragglers, oversubscription_text,
                       placement_text)
 from .status import eval_rank, ranges
@@ -1044,7 +1043,7 @@ class Trainer:
         progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
             if self.is_master and bar is None and not r["quiet"] else None
         self.stragglers = Stragglers(n)
-        self.growth = MemoryGrowth()
+        self.growth = memory.MemoryGrowth()
         # CPU workers (GPU workers' host threads may rightly sleep in compute);
         # one process (simulation, N = 1) has one placement row
         rows = self.placement

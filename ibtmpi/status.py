@@ -231,6 +231,11 @@ def inspect(run_dir):
     return info
 
 
+def _who(ws):
+    """'worker 3' or 'workers 0-2,5'."""
+    return f"worker {ws[0]}" if len(ws) == 1 else f"workers {ranges(ws)}"
+
+
 def describe(info):
     """One line (and the next step where there is one) for `info`."""
     total = info.get("blocks_total")
@@ -282,15 +287,12 @@ def describe(info):
     if mem and state in ("running", "finished"):
         line += "; " + worker_peaks_text(mem["rss_mib"], mem["gpu_pool_mib"])
     if mem and mem.get("growing"):
-        ws = mem["growing"]
-        who = f"worker {ws[0]}" if len(ws) == 1 else f"workers {ranges(ws)}"
-        line += f"; {who}: memory kept growing pass after pass (a leak?)"
+        line += f"; {_who(mem['growing'])}: memory kept growing pass after pass (a leak?)"
     if bits:
         line += "; " + ", ".join(bits)
     st = info.get("starved")
     if st:
-        ws = st["workers"]
-        who = f"worker {ws[0]}" if len(ws) == 1 else f"workers {ranges(ws)}"
+        who = _who(st["workers"])
         line += (f"; {who} waited for cores (CPU under {STARVED_SHARE:.0%} of compute "
                  f"time) in {st['blocks']} of {'the last ' if st.get('last') else ''}"
                  f"{st['of']} blocks")

@@ -8,7 +8,6 @@ import collections
 import hashlib
 import os
 import tempfile
-import types
 import weakref
 
 import numpy as np
@@ -100,7 +99,6 @@ class _Cuda:
     def __init__(self):
         self.log = []
         self.runtime = _Runtime()
-        self.memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
 
     def alloc_pinned_memory(self, nbytes):
         self.log.append(("pinned", nbytes))
@@ -155,7 +153,7 @@ class _Device(_Stream):
 
 
 class OutOfMemoryError(MemoryError):
-    """cupy.cuda.memory.OutOfMemoryError (a MemoryError), CuPy's message."""
+    """As cupy.cuda.memory.OutOfMemoryError: a MemoryError, CuPy's message."""
 
     def __init__(self, size, total, limit=0):
         lim = f", limit set to: {limit:,} bytes" if limit else ""

@@ -75,3 +75,17 @@ def test_gpu_step_benchmark_runs_on_the_stand_in(tmp_path, monkeypatch, capsys):
     parts = sum(ms for op, (_, ms) in split.items() if op != "step (synchronized)")
     assert parts == pytest.approx(split["step (synchronized)"][1], rel=1e-6)
     assert "our step at batch 3, op by op" in text
+
+
+def test_gpu_host_side_benchmark_runs_and_counts_the_launches():
+    """benchmarks/bench_gpu_host.py (in its own process: it makes the
+    stand-in's kernels no-ops): one row per batch, the reference step's
+    14 GEMMs and our kernels' launches."""
+    path = os.path.join(HERE, "..", "..", "benchmarks", "bench_gpu_host.py")
+    r = subprocess.run([sys.executable, path, "--batches", "4,8", "--steps", "2",
+                        "--warmup", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in r.stdout.splitlines()[2:]]
+    assert [int(x[0]) for x in rows] == [4, 8]
+    assert all(float(x[1]) > 0 and float(x[3]) == 14 for x in rows), r.stdout
+    assert float(rows[0][2]) == 26            # as test_launchers_host counts at batch 4

@@ -119,15 +119,20 @@ if command -v mpiexec >/dev/null && timeout 60 python3 -c "from mpi4py import MP
     # mpiexec and what it needs for 3 ranks here (Open MPI: --oversubscribe
     # on fewer cores, as root --allow-run-as-root)
     mpiexec=$(python3 -c "from ibtmpi import launcher; print(' '.join(launcher.command(3)))")
+    # the ranks start this interpreter by its full path: Open MPI started by
+    # its full path (as launcher.command gives it) puts its own prefix's bin
+    # first on the ranks' PATH, where `python3` is another Python (seen on
+    # the GPU machine: the system's, without the packages)
+    py=$(python3 -c "import sys; print(sys.executable)")
     # run.cuda_aware = auto: the "block buffers:" line says what the MPI
     # library reported and where the workers' buffers went
-    stage train-mpi 180 "$out/train.txt" $mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets
+    stage train-mpi 180 "$out/train.txt" $mpiexec -n 3 "$py" -m ibtmpi train --device gpu $sets
     aware=$(timeout 60 python3 -c "from ibtmpi import comm; print(comm.cuda_support()[0])")
     if [ "$aware" = True ]; then
         # both modes: with 2 workers the reduced sums and so z must be bitwise equal
         sets2="${sets/run.dir=$tmp\/run/run.dir=$tmp/run-off}"
         stage train-mpi-cuda-aware-off 180 "$out/train.txt" \
-            $mpiexec -n 3 python3 -m ibtmpi train --device gpu $sets2 --set run.cuda_aware=off
+            $mpiexec -n 3 "$py" -m ibtmpi train --device gpu $sets2 --set run.cuda_aware=off
         same_z "cuda_aware on vs off" "$tmp/run" "$tmp/run-off"
     fi
 else

@@ -46,10 +46,29 @@ COMMON = ["imports", "info", "compile", "gpu-tests", "step-vs-cudnn", "prep"]
 REPEAT = ["repeat-1", "repeat-2", "out-of-memory"]
 
 
+
+def prefix_mpiexec(tmp_path):
+    """An mpiexec that puts another `python3` first on its ranks' PATH, as
+    Open MPI started by its full path does with its own prefix's bin (the
+    GPU machine's /usr/bin/mpiexec ran the system's Python, without the
+    packages): a sitecustomize making launcher.command give it."""
+    bad = tmp_path / "prefix-bin"
+    bad.mkdir()
+    (bad / "python3").write_text('#!/bin/sh\necho "the prefix\'s python3 ran" >&2; exit 3\n')
+    wrap = tmp_path / "mpiexec"
+    wrap.write_text(f'#!/bin/sh\nPATH={bad}:$PATH exec {os.path.join(BIN, "mpiexec")} "$@"\n')
+    for f in (bad / "python3", wrap):
+        f.chmod(0o755)
+    return ("import ibtmpi.launcher as l\n"
+            "_command = l.command\n"
+            f"l.command = lambda n, mpiexec=None: [{str(wrap)!r}] + _command(n, mpiexec)[1:]\n")
+
+
 @pytest.mark.skipif(not os.path.exists(os.path.join(BIN, "mpiexec")),
                     reason="no mpiexec beside this Python")
 def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
-    out, stages, log = rehearse(tmp_path, f"{BIN}{os.pathsep}{os.environ['PATH']}", AWARE)
+    out, stages, log = rehearse(tmp_path, f"{BIN}{os.pathsep}{os.environ['PATH']}",
+                                AWARE + prefix_mpiexec(tmp_path))
     ok(stages, COMMON + ["train-mpi", "train-mpi-cuda-aware-off"] + REPEAT, log)
     train = (out / "train.txt").read_text()
     assert "device buffers to MPI" in train and "staged through pinned host buffers" in train

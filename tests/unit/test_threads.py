@@ -1,3 +1,6 @@
+import os
+
+import numpy as np
 import pytest
 
 from ibtmpi import threads
@@ -18,3 +21,44 @@ def test_configure_limits_blas():
     assert n == threads.default_threads(1)
     with pytest.raises(ValueError):
         threads.configure(-1)
+
+
+SPIN = """
+import time, numpy as np
+from threadpoolctl import threadpool_limits
+threadpool_limits(2)
+a = np.ones((384, 384), np.float32)
+a @ a
+best = 1.0
+for _ in range(3):
+    a @ a                          # then a wait, as before an Allreduce
+    c0 = time.process_time()
+    time.sleep(0.3)
+    best = min(best, time.process_time() - c0)
+import os
+print(os.environ.get("OPENBLAS_THREAD_TIMEOUT"), best)
+"""
+
+
+@pytest.mark.parametrize("first", ["import ibtmpi", "pass"])
+def test_blas_threads_sleep_soon_after_a_call(first):
+    """Importing ibtmpi before numpy makes OpenBLAS's threads sleep about
+    0.4 ms after a call instead of busy-waiting about 0.1 s: the CPU time
+    of a process sleeping 0.3 s right after a 2-thread GEMM. Without the
+    import (the control) the spin shows, where OpenBLAS is numpy's BLAS."""
+    import subprocess
+    import sys
+    from threadpoolctl import threadpool_info
+    np.ones(2) @ np.ones(2)                  # numpy's BLAS is loaded
+    if not any(p.get("internal_api") == "openblas" for p in threadpool_info()):
+        pytest.skip("numpy's BLAS here is not OpenBLAS")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    out = subprocess.run([sys.executable, "-c", first + "\n" + SPIN], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    if first == "pass":
+        assert out[0] == "None"
+        if os.cpu_count() >= 2:
+            assert float(out[1]) > 0.02, out     # the other thread spun
+    else:
+        assert out[0] == "20"
+        assert float(out[1]) < 0.01, out

@@ -73,9 +73,10 @@ class Trainer:
         """device_ops: a backend.GpuOps for the workers' compute (the master,
         which has no worker, always stays on the host). gpu_buffers (from
         backend.resolve_cuda_aware; real MPI runs with a GPU worker only):
-        the worker keeps its consensus state on the GPU and hands device
-        buffers to a CUDA-aware Allreduce; otherwise it stages through
-        pinned host buffers."""
+        the worker hands its device buffer to a CUDA-aware Allreduce;
+        otherwise that buffer is staged through pinned host memory. A GPU
+        worker under MPI keeps its consensus state on the GPU either way
+        (device_state)."""
         self.t_created = time.time()     # older error files are an earlier job's
         self._leaked = []                # IBTMPI_FAULT=rank:block:leak (tests)
         self.cfg = cfg
@@ -112,13 +113,20 @@ class Trainer:
                                d["split_size"] or (None if d["block_size"] else 512), n)
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
         h, w, c = self.ds.image_shape
-        # Workers compute on the device when one is given. The consensus state
-        # is on the host (the master always; a GPU worker without CUDA-aware
-        # MPI, staging through pinned buffers) or, with gpu_buffers, on the
-        # worker's GPU; it is bitwise equal either way (consensus.Consensus).
+        # Workers compute on the device when one is given. A GPU worker under
+        # MPI keeps its consensus state (z, its dual) and the block's packed
+        # buffer on its GPU (device_state) and updates z there; the MPI
+        # library gets that buffer itself where it is CUDA-aware
+        # (gpu_buffers), else a pinned host copy (P floats down and P up a
+        # block). The master's state is on the host, and so is that of
+        # simulated or single-process GPU workers (their w is staged through
+        # a pinned host image); z is bitwise equal everywhere
+        # (consensus.Consensus). Where a GPU worker's consensus was on the
+        # host, the update's NumPy passes over P floats took as long as the
+        # block's compute (the H200 check: 64-79 ms against 53-58 ms).
         self.dev = device_ops if self.local else None
-        self.gpu_buffers = bool(gpu_buffers and self.dev is not None and not self.simulate
-                                and size > 1)
+        self.device_state = bool(self.dev is not None and not self.simulate and size > 1)
+        self.gpu_buffers = bool(gpu_buffers and self.device_state)
         self.model = Model(cfg["model"]["layers"], (c, h, w), self.ds.n_classes,
                            seed=cfg["model"]["seed"], ops=self.dev)
         o = cfg["optim"]
@@ -128,9 +136,11 @@ class Trainer:
         self.P = P
         pinned = self.dev is not None and not self.gpu_buffers
         host_empty = self.dev.pinned_empty if pinned else (lambda m: np.empty(m, np.float32))
-        self._w_host = host_empty(P)                 # host image of a worker's w
+        # host image of a worker's w, where its consensus state is on the host
+        self._w_host = (host_empty(P) if self.dev is not None and not self.device_state
+                        else None)
         self.cons = None if self.algo == "ssgd" else self._new_consensus()
-        zeros = self.dev.cp.zeros if self.gpu_buffers else np.zeros
+        zeros = self.dev.cp.zeros if self.device_state else np.zeros
         self.states = {i: WorkerState(P, self.model.dtype, self.algo, zeros)
                        for i in self.local}
         self.velocity = {i: np.zeros(P, self.model.dtype) for i in self.local}
@@ -144,7 +154,7 @@ class Trainer:
         self.send, self.recv = host_empty(L), host_empty(L)   # pinned: one DMA each way
         self.send.fill(0)
         self.recv.fill(0)
-        if self.gpu_buffers:             # the Allreduce reads and writes these
+        if self.device_state:            # the block's packed buffer on the GPU
             self._send_d = self.dev.cp.zeros(L, np.float32)
             self._recv_d = self.dev.cp.zeros(L, np.float32)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
@@ -196,10 +206,10 @@ class Trainer:
 
     # -- helpers ------------------------------------------------------------
     def _new_consensus(self):
-        """From the model's current parameters: on the GPU with gpu_buffers,
+        """From the model's current parameters: on the GPU with device_state,
         else on the host."""
         a = self.cfg["algorithm"]
-        if self.gpu_buffers:
+        if self.device_state:
             return Consensus(self.algo, self.model.params.copy(), self.n_workers, a,
                              to_host=self.dev.asnumpy)
         return Consensus(self.algo, self._host(self.model.params), self.n_workers, a)
@@ -208,7 +218,7 @@ class Trainer:
         return a if self.dev is None else self.dev.asnumpy(a)
 
     def _put(self, dst, src):
-        """Copy host array src into dst (a host or, with gpu_buffers, a device
+        """Copy host array src into dst (a host or, with device_state, a device
         array)."""
         if self.dev is None or not self.dev.on_device(dst):
             np.copyto(dst, src)
@@ -276,7 +286,7 @@ class Trainer:
         P, n = self.P, self.n_workers
         send, recv = self.send, self.recv
         send.fill(0)
-        vec = self._send_d[:P] if self.gpu_buffers else send[:P]
+        vec = self._send_d[:P] if self.device_state else send[:P]
         tmp = np.empty(P, np.float32) if len(self.local) > 1 else None
         self._mark_flags()
         for i in self.local:
@@ -294,7 +304,7 @@ class Trainer:
             ws = self.states[i]
             # stage: the worker's w has a host image (pinned) unless the
             # consensus state lives on the same device as w
-            stage = self.dev is not None and not self.gpu_buffers
+            stage = self.dev is not None and not self.device_state
             wh = self._w_host if stage else self.model.params
             self.cons.worker_begin(ws, wh)
             if stage:
@@ -339,13 +349,21 @@ class Trainer:
 
     def _reduce_packed(self, work, k):
         """The block's one Allreduce of the packed buffer; returns the reduced
-        S (P,). With gpu_buffers the buffer is on the device: its host tail
-        (statistics, timings, flags) goes up first, the stream is synchronized
-        before MPI reads it, and only the reduced tail comes back."""
+        S (P,). With device_state the buffer's P model floats are on the
+        device. With gpu_buffers (CUDA-aware MPI) its host tail (statistics,
+        timings, flags) goes up first, the stream is synchronized before MPI
+        reads it, and only the reduced tail comes back; without, the P
+        floats come down into the pinned host buffer, whose sum goes back
+        up."""
         P = self.P
-        if not self.gpu_buffers:
+        if not self.device_state:
             self._reduce(self.send, self.recv, work, k)
             return self.recv[:P]
+        if not self.gpu_buffers:
+            self.dev.to_host(self._send_d[:P], self.send[:P])   # waits for the stream
+            self._reduce(self.send, self.recv, work, k)
+            self.dev.to_device(self.recv[:P], self._recv_d[:P])
+            return self._recv_d[:P]
         self.dev.to_device(self.send[P:], self._send_d[P:])
         self.dev.synchronize()
         self._reduce(self._send_d, self._recv_d, work, k)
@@ -428,7 +446,7 @@ class Trainer:
             self.tl.span("data", t0, t1, 1 + i, block=k)
         tot = np.zeros(self.F0 - P, np.float64)
         w0 = self.model.params
-        gsum = self._send_d[:P] if self.gpu_buffers else send[:P]
+        gsum = self._send_d[:P] if self.device_state else send[:P]
         self._at("compute")
         for s in range(steps):
             # ssgd: each step is a synchronous update, the schedule runs per step
@@ -442,7 +460,7 @@ class Trainer:
                 if len(y):
                     loss, c = self.model.loss_and_grad(x, y)
                     g = self.model.grads
-                    gsum += g if self.gpu_buffers else self._host(g)
+                    gsum += g if self.device_state else self._host(g)
                     send[P:P + 3] += np.array([loss * len(y), len(y), c], np.float32)
                 t1, c1 = time.perf_counter(), time.process_time()
                 send[P + NS + i] += t1 - t0
@@ -463,7 +481,7 @@ class Trainer:
             self._check_flags(k)
             g = S * np.float32(1.0 / n)
             # same averaged gradient on every rank
-            self.opt.step(g if self.gpu_buffers else self._dev(g))
+            self.opt.step(g if self.device_state else self._dev(g))
             tot += recv[P:self.F0]
         self.z[...] = self._host(w0)
         recv[P:self.F0] = tot
@@ -837,7 +855,7 @@ class Trainer:
             if self.algo in ("admm", "ibt"):
                 self._put(ws.u, mine[f"u_{i}"])
             if self.algo == "easgd":
-                ws.w_own = (self._dev(mine[f"w_own_{i}"]) if self.gpu_buffers
+                ws.w_own = (self._dev(mine[f"w_own_{i}"]) if self.device_state
                             else mine[f"w_own_{i}"].copy())
             if self.algo != "ssgd":
                 np.copyto(self.velocity[i], mine[f"v_{i}"])

@@ -1,9 +1,10 @@
 """GPU workers' block buffers under MPI (run.cuda_aware), run on the CPU
 through the CuPy stand-in (tests/unit/fakecupy.py: NumPy arrays, the CUDA
 kernels host-emulated). Workers compute on the "device"; the master stays
-on the host. gpu_buffers=True: each worker keeps z, its dual and the packed
-buffer on the device and hands them to the Allreduce after a stream
-synchronize; False: it stages through pinned host buffers. Either way z
+on the host. Each worker keeps z, its dual and the packed buffer on the
+device and updates z there (device_state); gpu_buffers=True: it hands the
+buffer to the Allreduce after a stream synchronize; False: the buffer's
+model floats are staged through pinned host buffers. Either way z
 must be bitwise identical on every rank, close to the all-host MPI run,
 and there is one Allreduce per block. That a real CuPy update is bitwise
 equal to NumPy's is checked on a GPU (tests/gpu/test_gpu_ops.py)."""
@@ -63,6 +64,7 @@ def test_gpu_worker_buffers(dataset, gpu_buffers, algo, extra):
     t = Trainer(cfg(dataset, algo, extra), log=lambda m: None, device_ops=dev,
                 gpu_buffers=gpu_buffers)
     assert t.gpu_buffers == (gpu_buffers and rank > 0)
+    assert t.device_state == (rank > 0)
     s = t.run()
     z = np.asarray(t.z).copy()
     expect = (sum(t.sched.steps_in_block(t.sched.locate(k)[1]) for k in range(t.total_blocks))
@@ -76,27 +78,33 @@ def test_gpu_worker_buffers(dataset, gpu_buffers, algo, extra):
             assert log.count("sync") >= expect - t.cfg["algorithm"]["warmup_steps"]
             assert not [e for e in log if e != "sync"], "pinned buffers with gpu_buffers"
         else:
-            assert [e for e in log if e != "sync"] == [("pinned", 4 * t.P)] + \
-                [("pinned", 4 * len(t.send))] * 2
+            # the packed buffer's pinned host copies, nothing else (no host
+            # image of w: the consensus state stays on the device)
+            assert [e for e in log if e != "sync"] == [("pinned", 4 * len(t.send))] * 2
+            if algo != "ssgd":
+                assert isinstance(t.cons.z, dev.cp.ndarray)
     host = Trainer(cfg(dataset, algo, extra), log=lambda m: None)
     host.run()
     err = float(np.abs(host.z - z).max() / max(1.0, np.abs(host.z).max()))
     assert err < 1e-4, f"device-worker run vs all-host run: {err:.2e}"
 
 
-def test_gpu_buffers_resume_equals_uninterrupted(dataset):
-    """Checkpoint and resume move the worker's device state through the host."""
+@pytest.mark.parametrize("gpu_buffers", [True, False])
+def test_gpu_buffers_resume_equals_uninterrupted(dataset, gpu_buffers):
+    """Checkpoint and resume move the worker's device state through the
+    host, whichever way its Allreduce buffer goes."""
     rank = W.Get_rank()
     extra = ("run.checkpoint_every=2",)
     straight = Trainer(cfg(dataset, "ibt", extra), log=lambda m: None,
-                       device_ops=ops() if rank else None, gpu_buffers=True)
+                       device_ops=ops() if rank else None, gpu_buffers=gpu_buffers)
     straight.run()
     d = W.bcast(tempfile.mkdtemp(prefix="ibtmpi-gpubuf-res-") if rank == 0 else None)
     first = Trainer(cfg(dataset, "ibt", extra + ("run.passes=0.5",), run_dir=d),
-                    log=lambda m: None, device_ops=ops() if rank else None, gpu_buffers=True)
+                    log=lambda m: None, device_ops=ops() if rank else None,
+                    gpu_buffers=gpu_buffers)
     first.run()
     again = Trainer(cfg(dataset, "ibt", extra, run_dir=d), log=lambda m: None,
-                    device_ops=ops() if rank else None, gpu_buffers=True)
+                    device_ops=ops() if rank else None, gpu_buffers=gpu_buffers)
     comm.STATS.update(allreduce=0, bytes=0)
     s = again.run()
     assert s["allreduce_calls"] == again.total_blocks - first.total_blocks   # resumed

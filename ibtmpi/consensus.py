@@ -67,6 +67,50 @@ def _dot(a, b):
     return float(np.sum(np.multiply(a, b)))
 
 
+_CHUNK = 1 << 16
+
+
+def residual_dots(dz, sw, step):
+    """(dz.sw, dz.dz, step.step) in float64 for three float32 vectors.
+
+    NumPy arrays go chunk by chunk through two float64 buffers that stay in
+    cache, each chunk's pairwise sum added in order: the result depends on
+    nothing but the inputs (not on the rank's thread count, as BLAS's ddot
+    would), and no float64 copy of a whole vector is made (at P = 2.2M
+    those copies and their products were 30 of the master's 52 ms per
+    update here). Device (CuPy) arrays are summed whole on their device;
+    where the decisions need them alike on every rank (adaptive rho) the
+    caller hands host copies."""
+    if not isinstance(dz, np.ndarray):
+        return _dots_whole(dz, sw, step)
+    return _dots_chunked(dz, sw, step)
+
+
+def _dots_whole(dz, sw, step):
+    f = [a.astype(np.float64) for a in (dz, sw, step)]
+    return _dot(f[0], f[1]), _dot(f[0], f[0]), _dot(f[2], f[2])
+
+
+def _dots_chunked(dz, sw, step):
+    m = dz.size
+    x = np.empty(min(_CHUNK, m), np.float64)
+    y = np.empty_like(x)
+    out = [0.0, 0.0, 0.0]
+    for s in range(0, m, _CHUNK):
+        k = min(_CHUNK, m - s)
+        xs, ys = x[:k], y[:k]
+        np.copyto(xs, dz[s:s + k])
+        np.copyto(ys, sw[s:s + k])
+        np.multiply(ys, xs, out=ys)
+        out[0] += float(np.sum(ys))
+        np.multiply(xs, xs, out=xs)
+        out[1] += float(np.sum(xs))
+        np.copyto(xs, step[s:s + k])
+        np.multiply(xs, xs, out=xs)
+        out[2] += float(np.sum(xs))
+    return tuple(out)
+
+
 class WorkerState:
     """What one worker keeps between blocks (`zeros`: cupy.zeros keeps the
     dual on the GPU, for device-resident consensus)."""
@@ -195,11 +239,10 @@ class Consensus:
             np.subtract(S, dt(n) * self.z, out=self.U)
         # residuals (float64): sum ||w_i - z||^2 from sum ||w_i - z_s||^2
         h = self._h if (self._h is not None and self.adaptive) else (lambda a: a)
-        dz = h(self.z - zs).astype(np.float64)
-        sw = h(sum_w - dt(n) * zs).astype(np.float64)
-        primal2 = max(q_sum - 2.0 * _dot(dz, sw) + n * _dot(dz, dz), 0.0)
-        step = h(self.z - self.z_prev).astype(np.float64)
-        dual = math.sqrt(n) * self.rho * math.sqrt(_dot(step, step))
+        dz_sw, dz_dz, step2 = residual_dots(h(self.z - zs), h(sum_w - dt(n) * zs),
+                                            h(self.z - self.z_prev))
+        primal2 = max(q_sum - 2.0 * dz_sw + n * dz_dz, 0.0)
+        dual = math.sqrt(n) * self.rho * math.sqrt(step2)
         primal = math.sqrt(primal2)
         rho_used = self.rho
         self.rho_scale = 1.0

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
+from ibtmpi import consensus
 from ibtmpi.consensus import Consensus, WorkerState
 from ibtmpi.model import Model
 from ibtmpi.optim import SGD
@@ -136,3 +137,19 @@ def test_residuals_do_not_depend_on_the_ranks_thread_count():
         with threadpool_limits(threads):
             diags.append(c.update(S.copy(), 123.0))
     assert diags[0] == diags[1] == diags[2]
+
+
+@pytest.mark.parametrize("m", [1, 1000, consensus._CHUNK, 3 * consensus._CHUNK + 17])
+def test_residual_dots_against_exact_sums(m):
+    """The chunked float64 products equal exactly rounded sums (math.fsum
+    of the float64 products) to 1e-12, whatever the length against the
+    chunk; the whole-vector path (device arrays) gives the same."""
+    import math
+    rng = np.random.default_rng(m)
+    dz, sw, step = (rng.standard_normal(m).astype(np.float32) * 10 ** k for k in (0, 2, -3))
+    got = consensus.residual_dots(dz, sw, step)
+    f = [a.astype(np.float64) for a in (dz, sw, step)]
+    exact = (math.fsum(f[0] * f[1]), math.fsum(f[0] * f[0]), math.fsum(f[2] * f[2]))
+    assert got == consensus._dots_chunked(dz, sw, step)
+    for g, e in zip(got + consensus._dots_whole(dz, sw, step), exact + exact):
+        assert abs(g - e) <= 1e-12 * max(1.0, abs(e)), (g, e)

@@ -81,7 +81,7 @@ def residual_dots(dz, sw, step):
     update here). Device (CuPy) arrays are summed whole on their device;
     where the decisions need them alike on every rank (adaptive rho) the
     caller hands host copies."""
-    if not isinstance(dz, np.ndarray):
+    if type(dz) is not np.ndarray:     # a device array (the CuPy stand-in's subclass too)
         return _dots_whole(dz, sw, step)
     return _dots_chunked(dz, sw, step)
 

@@ -173,15 +173,7 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
         np_copy(recv, send)
         return
     t0 = time.perf_counter()
-    req = comm.Ibarrier()
-    nap = 0.0002
-    while not req.Test():
-        if watch is not None:
-            watch()
-        if work is not None and work():
-            continue
-        time.sleep(nap)
-        nap = min(nap * 2, sleep_max)
+    quiet_arrival(comm, sleep_max, work, watch)
     t1 = time.perf_counter()
     comm.Allreduce(send, recv, op=MPI.SUM)
     t2 = time.perf_counter()
@@ -189,13 +181,14 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     STATS["reduce_s"] += t2 - t1
 
 
-def quiet_arrival(comm=None, sleep_max=0.005):
+def quiet_arrival(comm=None, sleep_max=0.005, work=None, watch=None):
     """Wait until every rank of `comm` has arrived here, sleeping with a
     back-off instead of spinning: MPICH and Open MPI both busy-poll inside a
     blocking collective, so a rank that waits in one (the master at start,
     while workers load their data or compile kernels) would burn a core.
-    Called before each blocking collective below, which then completes at
-    once."""
+    Called before each blocking collective (the block's Allreduce and those
+    below), which then completes at once. While waiting, `work()` is called
+    until it returns False, and `watch()` (which may raise) every round."""
     import time
     comm = comm or world()
     if MPI is None or comm.Get_size() == 1:
@@ -203,6 +196,10 @@ def quiet_arrival(comm=None, sleep_max=0.005):
     req = comm.Ibarrier()
     nap = 0.0002
     while not req.Test():
+        if watch is not None:
+            watch()
+        if work is not None and work():
+            continue
         time.sleep(nap)
         nap = min(nap * 2, sleep_max)
 

@@ -1,18 +1,22 @@
 #!/usr/bin/env python
 """The consensus update on the host, per block, at the reference CNN's size
-(P = 2,191,941 float32): what the master (and a worker whose state is on
-the host) spends between the block's Allreduce and its next step. For each
-algorithm, the median ms of Consensus.update over --reps calls, with the
-residuals' dot products done chunk by chunk (consensus.residual_dots, as
-the trainer does) and, interleaved in the same run, over whole float64
-copies of the vectors (as before); then the ratio.
+(P = 2,191,941 float32): what the master spends between the block's
+Allreduce and its next wait (with GPU workers, the block's critical path:
+docs/benchmarks.md, "On a GPU"). For each algorithm, the median ms of
+Consensus.update over --reps calls, three ways interleaved in one run:
 
-On a GPU node the master's update is the critical path once the workers'
-blocks take less (docs/benchmarks.md, "On a GPU").
+  whole      every op over the whole vectors, the residuals' dot products
+             over whole float64 copies (how the update ran before, and how
+             it still runs on a GPU worker's device arrays)
+  chunked    every op of the update on one 64K-element chunk while it is in
+             cache, chunk after chunk (1 thread)
+  threads    the same chunks shared over --threads threads (default: this
+             process's usable cores; the trainer uses run.threads)
 
-Usage: python benchmarks/bench_consensus.py [--reps 15] [--p 2191941]
+Usage: python benchmarks/bench_consensus.py [--reps 15] [--p 2191941] [--threads T]
 """
 import argparse
+import os
 import statistics
 import time
 
@@ -21,32 +25,41 @@ import numpy as np
 from ibtmpi import consensus
 
 
+class Whole(np.ndarray):
+    """A host array that update() treats as a device array: the whole-vector
+    path."""
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--p", type=int, default=2191941)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     a = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     z0 = rng.standard_normal(a.p).astype(np.float32)
     S = (a.workers * z0 + rng.standard_normal(a.p)).astype(np.float32)
-    chunked = consensus.residual_dots
     print(f"Consensus.update, P = {a.p:,d}, N = {a.workers}, median of {a.reps} (ms)")
-    print("| algorithm | chunked residuals | whole-vector residuals | whole / chunked |")
-    print("|---|---|---|---|")
+    print(f"| algorithm | whole | chunked | chunked, {a.threads} threads | whole / threads |")
+    print("|---|---|---|---|---|")
     for algo in ("ma", "admm", "bmuf", "ibt", "easgd"):
-        c = consensus.Consensus(algo, z0, a.workers, {"rho": 0.1})
-        times = {"chunked": [], "whole": []}
+        ways = {"whole": consensus.Consensus(algo, z0.view(Whole), a.workers, {"rho": 0.1}),
+                "chunked": consensus.Consensus(algo, z0, a.workers, {"rho": 0.1}),
+                "threads": consensus.Consensus(algo, z0, a.workers, {"rho": 0.1},
+                                               threads=a.threads)}
+        times = {k: [] for k in ways}
         for rep in range(a.reps + 1):
-            for how, f in (("chunked", chunked), ("whole", consensus._dots_whole)):
-                consensus.residual_dots = f
+            for how, c in ways.items():
                 t0 = time.perf_counter()
                 c.update(S, 1.0)
                 if rep:
                     times[how].append(time.perf_counter() - t0)
-        consensus.residual_dots = chunked
-        ch, wh = (statistics.median(times[k]) * 1e3 for k in ("chunked", "whole"))
-        print(f"| {algo} | {ch:.1f} | {wh:.1f} | {wh / ch:.2f}x |")
+        zs = [np.asarray(c.z).tobytes() for c in ways.values()]
+        assert zs[0] == zs[1] == zs[2], f"{algo}: z differs between the ways"
+        m = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        print(f"| {algo} | {m['whole']:.1f} | {m['chunked']:.1f} | {m['threads']:.1f} "
+              f"| {m['whole'] / m['threads']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ class Consensus:
     NumPy: adaptive rho decides from float64 residuals that every rank must
     compute identically, so those dot products always run on the host."""
 
-    def __init__(self, algo, z0, n_workers, acfg, to_host=None):
+    def __init__(self, algo, z0, n_workers, acfg, to_host=None, threads=1):
         if algo not in BLOCK_ALGOS:
             raise ValueError(f"{algo!r} is not a block algorithm")
         if algo == "sgd" and n_workers != 1:
@@ -159,6 +159,8 @@ class Consensus:
         self.rho_scale = 1.0              # rho_old / rho_new of the last update
         self.blocks = 0
         self._h = to_host
+        self.threads = max(1, int(threads))   # host arrays: chunks updated at once
+        self._pool = None
 
     # -- what workers start from ------------------------------------------
     def start_point(self):
@@ -213,34 +215,25 @@ class Consensus:
 
     # -- the replicated update (same on every rank) ------------------------
     def update(self, S, q_sum):
-        """S: reduced sum (P,); q_sum: sum_i ||w_i - z_s||^2. Returns diagnostics."""
-        n, dt = self.n, self.dtype.type
-        zs = self.start_point().copy()
-        np.copyto(self.z_prev, self.z)
-        if self.dual_reset:
-            self.U.fill(0)               # workers zeroed their u this block
-        if self.algo in ("admm", "ibt"):
-            sum_w = S - self.U           # sum of the (over-relaxed) w_i
-        elif self.algo == "easgd":
-            sum_w = S + dt(n) * self.z
-        else:
-            sum_w = S
-        if self.algo in ("sgd", "ma"):
-            np.multiply(S, dt(1.0 / n), out=self.z)
-        elif self.algo == "admm":
-            scale = n * self.rho / (self.l2 + n * self.rho)
-            np.multiply(S, dt(scale / n), out=self.z)
-        elif self.algo in ("bmuf", "ibt"):
-            block_momentum(S, self.zg, self.v, self.z, 1.0 / n, self.eta,
-                           self.zeta, self.nesterov)
-        elif self.algo == "easgd":
-            self.z += dt(self.easgd_alpha) * S
-        if self.algo in ("admm", "ibt"):
-            np.subtract(S, dt(n) * self.z, out=self.U)
-        # residuals (float64): sum ||w_i - z||^2 from sum ||w_i - z_s||^2
+        """S: reduced sum (P,); q_sum: sum_i ||w_i - z_s||^2. Returns diagnostics.
+
+        Host arrays are updated chunk by chunk (_CHUNK elements, every
+        elementwise op of the update on one chunk while it is in cache),
+        the chunks shared out over `threads`; device arrays in one go. The
+        elementwise code is the same (_elementwise), so z is bitwise equal
+        either way, and the residuals' float64 sums are added chunk by
+        chunk in order on the host in both (residual_dots)."""
+        n = self.n
         h = self._h if (self._h is not None and self.adaptive) else (lambda a: a)
-        dz_sw, dz_dz, step2 = residual_dots(h(self.z - zs), h(sum_w - dt(n) * zs),
-                                            h(self.z - self.z_prev))
+        if type(self.z) is np.ndarray:
+            sums = self._map(lambda s: _dots_whole(*self._elementwise(S, s)),
+                             [slice(s, s + _CHUNK) for s in range(0, self.z.size, _CHUNK)])
+            dz_sw = dz_dz = step2 = 0.0
+            for a, b, c in sums:                 # in chunk order, as residual_dots
+                dz_sw, dz_dz, step2 = dz_sw + a, dz_dz + b, step2 + c
+        else:
+            dz_sw, dz_dz, step2 = residual_dots(*(h(a) for a in
+                                                  self._elementwise(S, slice(None))))
         primal2 = max(q_sum - 2.0 * dz_sw + n * dz_dz, 0.0)
         dual = math.sqrt(n) * self.rho * math.sqrt(step2)
         primal = math.sqrt(primal2)
@@ -253,9 +246,50 @@ class Consensus:
                 self.rho_scale = self.tau
             if self.rho_scale != 1.0:
                 self.rho /= self.rho_scale          # rho_new = rho_old / scale
-                self.U *= dt(self.rho_scale)         # u scales by rho_old/rho_new
+                self.U *= self.dtype.type(self.rho_scale)   # u scales by rho_old/rho_new
         self.blocks += 1
         return {"primal": primal, "dual": dual, "rho": rho_used}
+
+    def _elementwise(self, S, sl):
+        """The update's elementwise part on the elements `sl` of z, its
+        start point, momentum, U and S; returns that slice's residual
+        vectors (z - z_s, sum_w - N*z_s, z - z_prev), float32."""
+        n, dt = self.n, self.dtype.type
+        S, z, z_prev, U = S[sl], self.z[sl], self.z_prev[sl], self.U[sl]
+        zg, v = self.zg[sl], self.v[sl]
+        zs = (zg if self.algo in ("bmuf", "ibt") else z).copy()
+        np.copyto(z_prev, z)
+        if self.dual_reset:
+            U.fill(0)                    # workers zeroed their u this block
+        if self.algo in ("admm", "ibt"):
+            sum_w = S - U                # sum of the (over-relaxed) w_i
+        elif self.algo == "easgd":
+            sum_w = S + dt(n) * z
+        else:
+            sum_w = S
+        if self.algo in ("sgd", "ma"):
+            np.multiply(S, dt(1.0 / n), out=z)
+        elif self.algo == "admm":
+            scale = n * self.rho / (self.l2 + n * self.rho)
+            np.multiply(S, dt(scale / n), out=z)
+        elif self.algo in ("bmuf", "ibt"):
+            block_momentum(S, zg, v, z, 1.0 / n, self.eta, self.zeta, self.nesterov)
+        elif self.algo == "easgd":
+            z += dt(self.easgd_alpha) * S
+        if self.algo in ("admm", "ibt"):
+            np.subtract(S, dt(n) * z, out=U)
+        # residuals: sum ||w_i - z||^2 from sum ||w_i - z_s||^2
+        return z - zs, sum_w - dt(n) * zs, z - z_prev
+
+    def _map(self, f, items):
+        """[f(x) for x in items], over a pool of `threads` threads (NumPy
+        releases the GIL inside each op); in order."""
+        if self.threads <= 1 or len(items) < 2:
+            return [f(x) for x in items]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="consensus")
+        return list(self._pool.map(f, items))
 
     def worker_end(self, ws, w):
         """Local updates after the consensus step (w: the worker's model)."""

@@ -212,7 +212,12 @@ class Trainer:
         if self.device_state:
             return Consensus(self.algo, self.model.params.copy(), self.n_workers, a,
                              to_host=self.dev.asnumpy)
-        return Consensus(self.algo, self._host(self.model.params), self.n_workers, a)
+        # on the host its passes over P floats share the rank's BLAS threads
+        # (run.threads): the master's update bounds a block once GPU workers
+        # compute faster than it
+        from .threads import current_blas_threads
+        return Consensus(self.algo, self._host(self.model.params), self.n_workers, a,
+                         threads=current_blas_threads() or 1)
 
     def _host(self, a):
         return a if self.dev is None else self.dev.asnumpy(a)

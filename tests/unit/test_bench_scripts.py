@@ -18,12 +18,12 @@ def rows(text):
 
 def test_consensus_benchmark():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_consensus.py"),
-                        "--p", "200003", "--reps", "2"], capture_output=True, text=True,
-                       timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]
+                        "--p", "200003", "--reps", "2", "--threads", "3"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]      # it asserts z is the same all 3 ways
     got = rows(r.stdout)
     assert [x[0] for x in got] == ["ma", "admm", "bmuf", "ibt", "easgd"], r.stdout
-    assert all(float(x[1]) > 0 and float(x[2]) > 0 and x[3].endswith("x") for x in got)
+    assert all(min(map(float, x[1:4])) > 0 and x[4].endswith("x") for x in got), r.stdout
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(BIN, "mpiexec")),

@@ -25,9 +25,10 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
 
 from ibtmpi import comm
+
+MPI = comm.MPI           # the one module that imports mpi4py
 
 NAP_MAX = 0.005          # the master's longest nap in the trainer
 
@@ -44,6 +45,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=9)
     a = ap.parse_args(argv)
+    if MPI is None:
+        raise SystemExit(f"bench_allreduce_wait.py needs MPI: {comm.MISSING}")
     w = MPI.COMM_WORLD
     ways = {
         "blocking": lambda s, r: w.Allreduce(s, r, op=MPI.SUM),

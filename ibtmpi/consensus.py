@@ -73,17 +73,14 @@ _CHUNK = 1 << 16
 def residual_dots(dz, sw, step):
     """(dz.sw, dz.dz, step.step) in float64 for three float32 vectors.
 
-    NumPy arrays go chunk by chunk through two float64 buffers that stay in
-    cache, each chunk's pairwise sum added in order: the result depends on
-    nothing but the inputs (not on the rank's thread count, as BLAS's ddot
-    would), and no float64 copy of a whole vector is made (at P = 2.2M
-    those copies and their products were 30 of the master's 52 ms per
-    update here). Device (CuPy) arrays are summed whole on their device;
-    where the decisions need them alike on every rank (adaptive rho) the
-    caller hands host copies."""
+    NumPy arrays chunk by chunk (_chunks): the result depends on nothing but
+    the inputs (not on the rank's thread count, as BLAS's ddot would), and
+    no float64 copy of a whole vector is made. Device (CuPy) arrays are
+    summed whole on their device; where the decisions need them alike on
+    every rank (adaptive rho) the caller hands host copies."""
     if type(dz) is not np.ndarray:     # a device array (the CuPy stand-in's subclass too)
         return _dots_whole(dz, sw, step)
-    return _dots_chunked(dz, sw, step)
+    return _in_order(_dots_whole(dz[s], sw[s], step[s]) for s in _chunks(dz.size))
 
 
 def _dots_whole(dz, sw, step):
@@ -91,24 +88,18 @@ def _dots_whole(dz, sw, step):
     return _dot(f[0], f[1]), _dot(f[0], f[0]), _dot(f[2], f[2])
 
 
-def _dots_chunked(dz, sw, step):
-    m = dz.size
-    x = np.empty(min(_CHUNK, m), np.float64)
-    y = np.empty_like(x)
-    out = [0.0, 0.0, 0.0]
-    for s in range(0, m, _CHUNK):
-        k = min(_CHUNK, m - s)
-        xs, ys = x[:k], y[:k]
-        np.copyto(xs, dz[s:s + k])
-        np.copyto(ys, sw[s:s + k])
-        np.multiply(ys, xs, out=ys)
-        out[0] += float(np.sum(ys))
-        np.multiply(xs, xs, out=xs)
-        out[1] += float(np.sum(xs))
-        np.copyto(xs, step[s:s + k])
-        np.multiply(xs, xs, out=xs)
-        out[2] += float(np.sum(xs))
-    return tuple(out)
+def _chunks(m):
+    """The _CHUNK-element slices of a vector of m: the host update's unit."""
+    return [slice(s, s + _CHUNK) for s in range(0, m, _CHUNK)]
+
+
+def _in_order(sums):
+    """Per-chunk (dz.sw, dz.dz, step.step) added up chunk after chunk: the
+    same bits however the chunks were computed (one thread or several)."""
+    dz_sw = dz_dz = step2 = 0.0
+    for a, b, c in sums:
+        dz_sw, dz_dz, step2 = dz_sw + a, dz_dz + b, step2 + c
+    return dz_sw, dz_dz, step2
 
 
 class WorkerState:
@@ -226,11 +217,8 @@ class Consensus:
         n = self.n
         h = self._h if (self._h is not None and self.adaptive) else (lambda a: a)
         if type(self.z) is np.ndarray:
-            sums = self._map(lambda s: _dots_whole(*self._elementwise(S, s)),
-                             [slice(s, s + _CHUNK) for s in range(0, self.z.size, _CHUNK)])
-            dz_sw = dz_dz = step2 = 0.0
-            for a, b, c in sums:                 # in chunk order, as residual_dots
-                dz_sw, dz_dz, step2 = dz_sw + a, dz_dz + b, step2 + c
+            dz_sw, dz_dz, step2 = _in_order(self._map(
+                lambda s: _dots_whole(*self._elementwise(S, s)), _chunks(self.z.size)))
         else:
             dz_sw, dz_dz, step2 = residual_dots(*(h(a) for a in
                                                   self._elementwise(S, slice(None))))

@@ -385,27 +385,13 @@ class GpuOps:
                      cp.ascontiguousarray(probs), labels, d, np.int32(n), np.int32(k))
         return self._into(d, out)
 
-    # -- optimizer and consensus vectors ----------------------------------------
+    # -- optimizer ----------------------------------------------------------------
     def sgd_update(self, w, g, v, c, u, lr, mu, wd, rho, nesterov, has_prox):
         dummy = w if not has_prox else None
         self._launch("optim.cu", "sgd_update", w.size, w, g, v,
                      c if has_prox else dummy, u if has_prox else dummy,
                      np.int64(w.size), np.float32(lr), np.float32(mu), np.float32(wd),
                      np.float32(rho), np.int32(bool(nesterov)), np.int32(bool(has_prox)))
-
-    def axpby(self, out, a, x, b, y):
-        self._launch("consensus.cu", "axpby", out.size, out, np.float32(a), x,
-                     np.float32(b), y, np.int64(out.size))
-        return out
-
-    def dual_update(self, u, w_hat, z, scale):
-        self._launch("consensus.cu", "dual_update", u.size, u, w_hat, z,
-                     np.float32(scale), np.int64(u.size))
-
-    def block_momentum(self, S, zg, v, z, inv_n, eta, zeta, nesterov):
-        self._launch("consensus.cu", "block_momentum", z.size, S, zg, v, z,
-                     np.int64(z.size), np.float32(inv_n), np.float32(eta),
-                     np.float32(zeta), np.int32(bool(nesterov)))
 
     def pool_bytes(self):
         """Bytes CuPy's default memory pool holds on this device (in use or

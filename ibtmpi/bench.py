@@ -27,7 +27,7 @@ import sys
 import time
 
 from . import launcher
-from .status import STARVED_SHARE, starved_workers
+from .monitor import STARVED_SHARE, starved_workers
 
 ALGOS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
 

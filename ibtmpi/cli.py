@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from . import __version__
 
@@ -256,204 +255,9 @@ def cmd_demo(args):
     return subprocess.call(cmd)
 
 
-def _device(asked, log, master=True):
-    """cpu | gpu for --device asked, the same on every rank (collective):
-    gpu raises DeviceError where CuPy or a GPU is missing on a worker rank
-    (never a silent fallback); auto picks gpu where every worker sees one
-    and says when it falls back to the CPU. With `master`, rank 0 needs no
-    GPU (training); evaluation computes on every rank."""
-    if asked == "cpu":
-        return "cpu"
-    import socket
-    from . import comm
-    from .backend import gpu_status, workers_device
-    statuses = comm.allgather((*gpu_status(), socket.gethostname()))
-    device, note = workers_device(asked, statuses, master)
-    if note:
-        log(note)
-    return device
-
-
 def cmd_train(args):
-    import os
-    from . import comm, threads
-    from .backend import DeviceError
-    from .checkpoint import CheckpointError
-    from .config import ConfigError, load
-    from .dataset import DatasetError
-    from .fsutil import EXIT_STORAGE, is_storage_error
-    from .trainer import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted, Trainer
-    size, rank = comm.world_size(), comm.world_rank()
-    overrides = list(args.set)
-    if args.simulate:
-        overrides.append(f"run.simulate={args.simulate}")
-    if args.quiet:
-        overrides.append("run.quiet=true")
-    if args.resume:
-        overrides.append("run.resume=always")
-    if args.cuda_aware:
-        overrides.append(f"run.cuda_aware={args.cuda_aware}")
-
-    def log(msg):
-        if rank == 0:
-            print(msg, flush=True)
-    if rank:
-        import warnings
-        fmt = warnings.formatwarning
-        warnings.formatwarning = lambda *a, **k: f"[rank {rank}] " + fmt(*a, **k)
-    comm.install_abort_hooks(rank)
-    bad_input = (ConfigError, DatasetError, CheckpointError, DeviceError, ValueError, OSError)
-    cfg = device_ops = None
-    try:
-        ntasks = os.environ.get("SLURM_NTASKS", "")
-        if size == 1 and not args.simulate and ntasks.isdigit() and int(ntasks) > 1:
-            raise ConfigError(
-                f"SLURM_NTASKS={ntasks} but MPI sees 1 process: the job step was "
-                f"started without a launcher; use `srun --mpi=pmi2 ...` or `mpirun ...`")
-        if args.simulate and size > 1:
-            raise ConfigError("--simulate runs N logical workers in ONE process; "
-                              "launch it without mpiexec")
-        on_gpu = _device(args.device, log) == "gpu"
-        if on_gpu:
-            local = comm.worker_local_rank()
-            if local >= 0 or args.simulate:   # the master needs no GPU
-                from .backend import GpuOps, bind_worker_gpu
-                gpu = bind_worker_gpu(max(local, 0))
-                device_ops = GpuOps()
-                if rank <= 1:
-                    log(f"workers compute on GPU (rank {rank}: device {gpu})")
-        cfg = load(args.config, overrides)
-        # every rank writes its checkpoint file there: find out now, not
-        # after the first pass of compute
-        _check_writable(cfg["run"]["dir"], create=not args.dry_run)
-        threads.configure(cfg["run"]["threads"])
-        from .backend import resolve_cuda_aware
-        distributed = size > 1 and not cfg["run"]["simulate"]
-        gpu_buffers, why = resolve_cuda_aware(
-            cfg["run"]["cuda_aware"], on_gpu, distributed,
-            comm.cuda_support() if on_gpu and distributed else (None, ""))
-        if on_gpu and rank == 0:
-            log(f"block buffers: {why}")
-        trainer = Trainer(cfg, log=log, device_ops=device_ops, gpu_buffers=gpu_buffers)
-        if args.dry_run:
-            for line in trainer.plan():
-                log(line)
-            return 0
-    except bad_input as e:
-        return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
-    except MemoryError as e:              # building the model, buffers, data caches
-        return _out_of_memory(e, None, cfg, device_ops, size, rank)
-    try:
-        trainer.run()
-    except Preempted as e:
-        log(f"ibtmpi train: preempted: {e} (exit status {EXIT_PREEMPTED})")
-        return EXIT_PREEMPTED                # every rank agreed: no abort needed
-    except Diverged as e:
-        log(f"ibtmpi train: diverged: {e}")
-        return EXIT_DIVERGED
-    except (CheckpointError, ConfigError) as e:   # what run() finds before block 0
-        return _fail(f"ibtmpi train: error: {e}", 2, size, rank)
-    except OSError as e:
-        if is_storage_error(e):          # disk full, quota, read-only: say so in one line
-            where = f" {e.filename}" if e.filename else ""
-            return _fail(f"[rank {rank}] ibtmpi train: error: cannot write{where}: "
-                         f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
-                         f"Complete checkpoints are kept: free space (or fix the file "
-                         f"system) and run the same command again to resume",
-                         EXIT_STORAGE, size, rank, every_rank=True)
-        return _crash(trainer, cfg, size, rank)
-    except MemoryError as e:             # CuPy's OutOfMemoryError, NumPy's too
-        return _out_of_memory(e, trainer, cfg, device_ops, size, rank)
-    except Exception:
-        return _crash(trainer, cfg, size, rank)
-    return 0
-
-
-def _out_of_memory(err, trainer, cfg, ops, size, rank):
-    """A rank ran out of memory: one line (kept in RUN/error-rank-R.txt)
-    naming the GPU or host memory, where in the run and what to change; the
-    job is aborted with EXIT_NO_MEMORY."""
-    from .memory import EXIT_NO_MEMORY, MIB, oom_text
-    gpu = pool = None
-    if ops is not None:
-        try:
-            gpu, pool = ops.device_id(), ops.pool_bytes() / MIB
-        except Exception:              # a device too broken to answer
-            pass
-    batch = cfg["data"]["batch"] if cfg else "?"
-    if trainer is None:
-        msg = oom_text(err, rank, "start-up", 0, batch, gpu, pool)
-    else:
-        msg = oom_text(err, rank, trainer.phase, trainer.block, batch, gpu, pool,
-                       trainer.sharing(), master=not trainer.local)
-    _keep_error(cfg, rank, msg)
-    return _fail(msg, EXIT_NO_MEMORY, size, rank, every_rank=True)
-
-
-def _keep_error(cfg, rank, msg):
-    """RUN/error-rank-R.txt: the launcher may drop output on abort."""
-    import os
-    if cfg is None:
-        return
-    try:
-        with open(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), "w") as f:
-            f.write(msg + "\n")
-    except OSError:
-        pass
-
-
-def _crash(trainer, cfg, size, rank):
-    """An unexpected exception: every rank that has one prints its traceback
-    (kept in RUN/error-rank-R.txt too) and the job is aborted."""
-    import traceback
-    msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
-           f"{trainer.phase}:\n" + traceback.format_exc())
-    _keep_error(cfg, rank, msg.rstrip("\n"))
-    return _fail(msg, 1, size, rank, every_rank=True)
-
-
-def _check_writable(run_dir, create=True):
-    """The run directory must be creatable and writable before training.
-    create=False (a dry run): a missing one is not made; the nearest
-    existing directory above it must be writable instead."""
-    import os
-    from .config import ConfigError
-    if not create and not os.path.isdir(run_dir):
-        up = os.path.dirname(os.path.abspath(run_dir))
-        while not os.path.exists(up):
-            up = os.path.dirname(up)
-        if not (os.path.isdir(up) and os.access(up, os.W_OK | os.X_OK)):
-            raise ConfigError(f"run.dir {run_dir} cannot be created ({up} is not a "
-                              f"writable directory); choose another with --set run.dir=DIR")
-        return
-    try:
-        os.makedirs(run_dir, exist_ok=True)
-        probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise ConfigError(f"run.dir {run_dir} is not writable ({e.strerror}); "
-                          f"choose another with --set run.dir=DIR") from None
-
-
-def _fail(msg, code, size, rank, every_rank=False):
-    """Report and end the job. Under MPI a failing rank aborts the world so
-    no other rank waits forever in a collective."""
-    if rank == 0 or every_rank:
-        print(msg, file=sys.stderr, flush=True)
-    if size > 1:
-        from . import comm
-        if rank != 0 and not every_rank:
-            # Where every rank fails alike (a bad config), rank 0 prints and
-            # aborts first and this rank never gets here. Still alive: the
-            # failure is this rank's alone (its node lacks the data, its GPU
-            # binding failed), and only it can say why.
-            time.sleep(2)
-            print(f"[rank {rank}] {msg}", file=sys.stderr, flush=True)
-        time.sleep(0.5)            # let the launcher forward it before the abort
-        comm.abort(code)
-    return code
+    from .train.entry import cmd_train as train
+    return train(args)
 
 
 def cmd_evaluate(args):
@@ -466,6 +270,7 @@ def cmd_evaluate(args):
     from .outputs import (NoPlotting, TrainedModelError, confusion, confusion_png,
                           format_report, load_trained, report, run_data_path)
     from .schedule import worker_range
+    from .train.entry import choose_device, fail
     size, rank = comm.world_size(), comm.world_rank()
     try:
         if args.batch < 1:
@@ -487,18 +292,18 @@ def cmd_evaluate(args):
                 os.makedirs(args.out, exist_ok=True)
             except OSError as e:
                 raise UsageError(f"--out {args.out}: {e.strerror}") from None
-        if _device(args.device, lambda m: rank == 0 and print(m, file=sys.stderr),
+        if choose_device(args.device, lambda m: rank == 0 and print(m, file=sys.stderr),
                    master=False) == "gpu":
             from .backend import GpuOps, bind_worker_gpu
             bind_worker_gpu(comm.node_rank_size()[0])
             tm = tm.to_device(GpuOps())
     except (TrainedModelError, DatasetError, UsageError) as e:
-        return _fail(f"ibtmpi evaluate: error: {e}", 2, size, rank)
+        return fail(f"ibtmpi evaluate: error: {e}", 2, size, rank)
     except Exception as e:             # DeviceError and friends: clear, exit 2
         from .backend import DeviceError
         if not isinstance(e, DeviceError):
             raise
-        return _fail(f"ibtmpi evaluate: error: {e}", 2, size, rank)
+        return fail(f"ibtmpi evaluate: error: {e}", 2, size, rank)
     lo, hi = worker_range(sp.n, size, rank)       # this rank's share
     cm = np.zeros((len(tm.classes), len(tm.classes)), np.int64)
     step = max(1024, args.batch)
@@ -510,7 +315,7 @@ def cmd_evaluate(args):
     except MemoryError as e:           # CuPy's OutOfMemoryError, NumPy's
         where = ("host memory" if tm.model.xp is np
                  else f"GPU {tm.model.device_ops.device_id()}")
-        return _fail(f"[rank {rank}] ibtmpi evaluate: out of memory ({where}): "
+        return fail(f"[rank {rank}] ibtmpi evaluate: out of memory ({where}): "
                      f"{str(e).rstrip('.')}. Lower --batch (now {args.batch})",
                      EXIT_NO_MEMORY, size, rank, every_rank=True)
     total = np.zeros_like(cm)

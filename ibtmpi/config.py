@@ -24,7 +24,6 @@ class ConfigError(Exception):
     """Bad configuration: reported in one line, exit status 2."""
 
 
-ALGORITHMS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
 SCHEDULES = ("constant", "step", "cosine")
 
 DEFAULTS = {
@@ -59,6 +58,7 @@ DEFAULTS = {
         "warmup_steps": 0,       # ssgd steps (gradient Allreduce) before block 0
     },
     "optim": {
+        "name": "sgd",           # the local optimizer (ibtmpi/optim/: sgd)
         "lr": 0.02,
         "momentum": 0.9,
         "weight_decay": 5e-4,
@@ -214,6 +214,8 @@ def load(path=None, overrides=()):
 
 
 def validate(cfg):
+    from .consensus import ALGORITHMS       # the registries: the lists of names
+    from .optim import OPTIMIZERS
     d, a, o, r = cfg["data"], cfg["algorithm"], cfg["optim"], cfg["run"]
     checks = [
         (d["batch"] >= 1, "data.batch must be >= 1"),
@@ -224,7 +226,10 @@ def validate(cfg):
         (d["cache"] in ("auto", "memory", "disk"), "data.cache must be auto, memory or disk"),
         (a["name"] in ALGORITHMS,
          f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {a['name']!r}"
-         + _suggest(a["name"], ALGORITHMS)),
+         + _suggest(a["name"], list(ALGORITHMS))),
+        (o["name"] in OPTIMIZERS,
+         f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {o['name']!r}"
+         + _suggest(o["name"], list(OPTIMIZERS))),
         (a["rho"] > 0, f"algorithm.rho must be > 0, got {a['rho']}"),
         (a["l2"] >= 0, "algorithm.l2 must be >= 0"),
         (1.0 <= a["over_relaxation"] <= 1.8, "algorithm.over_relaxation must be in [1, 1.8]"),
@@ -295,3 +300,62 @@ def to_toml(cfg):
 
 def digest(cfg):
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# -- what a checkpoint must match -------------------------------------------------
+LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
+           "warmup_passes")
+ADDED_KEYS = {"optim": LR_KEYS + ("name",)}   # left out of the digest at their defaults
+
+
+def run_hash(cfg, legacy=False):
+    return digest(hashed_config(cfg, legacy))
+
+
+def config_diff(old, new, show=6):
+    """'section.key: A in the checkpoint, B now' for each key of two
+    hashed_config() dicts that differs (at most `show`, then a count)."""
+    def flat(c):
+        return {f"{s}.{k}": v for s, t in c.items() for k, v in t.items()}
+    a, b = flat(old), flat(new)
+    absent = "(not set)"
+    for key in set(a) ^ set(b):        # left out at its default (hashed_config)
+        sec, k = key.split(".", 1)
+        if k in DEFAULTS.get(sec, {}):
+            a.setdefault(key, DEFAULTS[sec][k])
+            b.setdefault(key, DEFAULTS[sec][k])
+    diffs = [f"{key}: {json.dumps(a.get(key, absent))} in the checkpoint, "
+             f"{json.dumps(b.get(key, absent))} now"
+             for key in sorted(set(a) | set(b)) if a.get(key, absent) != b.get(key, absent)]
+    more = f"; and {len(diffs) - show} more" if len(diffs) > show else ""
+    return "; ".join(diffs[:show]) + more
+
+
+def hashed_config(cfg, legacy=False):
+    """What determines the computation (as a dict; run_hash digests it),
+    not operational keys (passes, threads, quiet, eval/checkpoint cadence,
+    run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
+    timeline, keep_best, early_stop, early_stop_delta) nor where the data
+    lives: data.path may move (a copy staged to node-local scratch after a
+    requeue); the manifest's dataset fingerprint says whether it is the
+    same data. Keys added later (ADDED_KEYS) are left out at their
+    defaults, so older checkpoints keep their digest. legacy: the digest of
+    checkpoints written before that (path included, no cuda_aware key),
+    still accepted on resume."""
+    c = copy.deepcopy(cfg)
+    for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
+                "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
+                "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
+                "early_stop", "early_stop_delta", "timeline"):
+        c["run"].pop(key, None)
+    c["model"].pop("init", None)       # only a fresh start reads it
+    o = c["optim"]
+    if o["schedule"] == "cosine" and not o["decay_passes"]:
+        o["decay_passes"] = float(cfg["run"]["passes"])   # what 0 resolves to
+    for sec, keys in ADDED_KEYS.items():    # older checkpoints lack them
+        for key in keys:
+            if c[sec].get(key) == DEFAULTS[sec][key]:
+                c[sec].pop(key)
+    if not legacy:
+        c["data"].pop("path", None)
+    return c

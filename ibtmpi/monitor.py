@@ -1,6 +1,8 @@
 """What the master reports about a live run besides the metrics: progress
 lines for batch logs, stragglers (the worker every block waits for), CPU
-workers that wait for cores, and where the ranks run. Used by trainer.py;
+workers that wait for cores, and where the ranks run; and the rules those
+reports share with `ibtmpi status`, `bench` and `plot` (eval_rank,
+slow_worker, mostly, ...). Used by train/master.py and status.py;
 tests: tests/unit/test_stragglers.py, test_placement.py, test_timeline.py.
 """
 from __future__ import annotations
@@ -8,8 +10,88 @@ from __future__ import annotations
 import time
 
 from .memory import worker_peaks_text
-from .status import (REPORT_NEED, REPORT_WINDOW, STARVED_SHARE, hms, mostly, ranges,
-                     slow_worker)
+
+
+def hms(s):
+    """Seconds as H:MM:SS (progress lines, status)."""
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+SLOW_RATIO = 1.25         # a block's slowest worker straggles at this x its median
+STARVED_SHARE = 0.6       # a CPU worker whose process had a core for less of
+                          # its compute time waited for cores (oversubscribed)
+REPORT_WINDOW, REPORT_NEED = 10, 8     # a straggling or starved worker is reported
+                                       # live when so in 8 of the last 10 blocks
+
+
+def eval_rank(rec):
+    """How evaluations compare (larger is better): val accuracy, then lower
+    val loss. One rule for model-best.npz, early stopping, status and plot."""
+    return rec["val_acc"], -rec.get("val_loss", 0.0)
+
+
+def ranges(ranks):
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(f"{ranks[i]}" if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def mostly(count, blocks):
+    """A worker starved in `count` of `blocks` blocks counts as starved in the
+    run: half of them or more, at least 2. The trainer's end-of-run report
+    and status/bench use this one rule."""
+    return count >= max(2, blocks / 2)
+
+
+def starved_workers(summary):
+    """{workers, blocks, of} of a finished run's CPU workers that had a core
+    for under STARVED_SHARE of their compute time in half its blocks or
+    more (summary.json starved_blocks: the trainer's count, made knowing
+    which workers were on CPUs), else None."""
+    trained = summary.get("blocks", 0) - summary.get("resumed_at_block", 0)
+    starved = {int(w): c for w, c in (summary.get("starved_blocks") or {}).items()
+               if mostly(c, trained)}
+    if not starved:
+        return None
+    return {"workers": sorted(starved), "blocks": min(starved.values()), "of": trained}
+
+
+def starved_recent(recs, window=REPORT_WINDOW, need=REPORT_NEED):
+    """{workers, blocks, of, last} of the workers starved (metrics `starved`:
+    the trainer's per-block list, made knowing which workers are on CPUs)
+    in `need` of the last `window` blocks, else None: the live report's
+    rule, for a run that is still going or was cut off."""
+    recent = recs[-window:]
+    counts = {}
+    for r in recent:
+        for w in r.get("starved", ()):
+            counts[w] = counts.get(w, 0) + 1
+    hit = {w: c for w, c in counts.items() if c >= need}
+    if not hit:
+        return None
+    return {"workers": sorted(hit), "blocks": min(hit.values()), "of": len(recent),
+            "last": True}
+
+
+def slow_worker(comp, ratio=SLOW_RATIO):
+    """(worker, its compute / the median worker's) when the slowest of
+    `comp` (compute seconds per worker) took at least `ratio` times the
+    median, else None. The trainer's live report and status both use it."""
+    import statistics
+    if len(comp) < 2:
+        return None
+    i = max(range(len(comp)), key=comp.__getitem__)
+    med = statistics.median(comp)
+    if med > 0 and comp[i] >= ratio * med:
+        return i, comp[i] / med
+    return None
 
 
 class Progress:
@@ -47,7 +129,7 @@ class Progress:
 
 class Stragglers:
     """Master: which worker holds the blocks back. A worker straggles in a
-    block when status.slow_worker names it (it computed longest, at least
+    block when slow_worker names it (it computed longest, at least
     1.25x the median worker); once one has straggled in `need` of the last
     `window` blocks, block() names it (once per worker). Every block waits
     for its slowest worker at the Allreduce, so this is the worker to look at."""

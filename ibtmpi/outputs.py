@@ -112,6 +112,20 @@ def _model_npz(path):
     return Trained(z, layers, shape, classes, mean, std, path)
 
 
+def save_model(path, z, model, ds, cfg):
+    """The trained model, self-contained and pickle-free: parameters, layer
+    spec, input shape, classes and the normalisation it was trained with."""
+    tmp = path + f".tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, format=np.array("ibtmpi-model-1"), z=z,
+                 input_shape=np.array(model.input_shape, np.int64),
+                 classes=np.array(json.dumps(ds.classes)),
+                 layers=np.array(json.dumps(cfg["model"]["layers"])),
+                 mean=np.asarray(ds.mean, np.float64), std=np.asarray(ds.std, np.float64),
+                 algorithm=np.array(cfg["algorithm"]["name"]))
+    os.replace(tmp, path)
+
+
 def load_trained(path):
     if not os.path.exists(path):
         raise TrainedModelError(f"{path} does not exist (give a run directory, its "
@@ -319,7 +333,7 @@ def plot_run(run_dir, out_dir=None):
     if ev:
         ax2.plot([e[0] for e in ev], [e[1]["val_acc"] for e in ev], "o-", color="C1",
                  label="validation accuracy")
-        from .status import eval_rank
+        from .monitor import eval_rank
         best = max(ev, key=lambda e: eval_rank(e[1]))
         ax2.plot([best[0]], [best[1]["val_acc"]], "*", color="C3", markersize=12,
                  label=f"best {best[1]['val_acc']:.4f}")

@@ -124,17 +124,6 @@ def test_vector_updates(g):
         sgd_update(rw, gr, rv, c, u0, 0.05, 0.9, 1e-3, 0.2, nest, prox)
         close(w, rw, g)
         close(v, rv, g)
-    zg, v, z = g.asarray(c), g.asarray(v0), g.asarray(np.zeros(P, np.float32))
-    g.block_momentum(g.asarray(S), zg, v, z, 0.25, 0.75, 1.0, True)
-    rzg, rv, rz = c.copy(), v0.copy(), np.zeros(P, np.float32)
-    consensus.block_momentum(S, rzg, rv, rz, 0.25, 0.75, 1.0, True)
-    close(z, rz, g)
-    close(zg, rzg, g)
-    u = g.asarray(u0)
-    g.dual_update(u, g.asarray(w0), g.asarray(c), 0.5)
-    ru = u0.copy()
-    consensus.dual_update(ru, w0, c, 0.5)
-    close(u, ru, g)
 
 
 @pytest.mark.parametrize("algo,acfg", [

@@ -20,7 +20,7 @@ from mpi4py import MPI
 from ibtmpi import comm
 from ibtmpi.backend import GpuOps
 from ibtmpi.config import load
-from ibtmpi.trainer import Trainer
+from ibtmpi.train import Trainer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
 from fakecupy import FakeCupy  # noqa: E402
@@ -80,7 +80,7 @@ def test_gpu_worker_buffers(dataset, gpu_buffers, algo, extra):
         else:
             # the packed buffer's pinned host copies, nothing else (no host
             # image of w: the consensus state stays on the device)
-            assert [e for e in log if e != "sync"] == [("pinned", 4 * len(t.send))] * 2
+            assert [e for e in log if e != "sync"] == [("pinned", 4 * t.packet.size)] * 2
             if algo != "ssgd":
                 assert isinstance(t.cons.z, dev.cp.ndarray)
     host = Trainer(cfg(dataset, algo, extra), log=lambda m: None)

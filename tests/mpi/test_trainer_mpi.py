@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from ibtmpi import comm
 from ibtmpi.config import load
-from ibtmpi.trainer import Trainer
+from ibtmpi.train import Trainer
 from mpicheck import on_master
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -243,7 +243,7 @@ def test_the_best_model_is_the_evaluated_one_while_evaluation_overlaps(dataset):
     from ibtmpi.dataset import Dataset
     from ibtmpi.outputs import load_trained
     from ibtmpi.serial import evaluate
-    from ibtmpi.trainer import BEST
+    from ibtmpi.train import BEST
     t = Trainer(make_cfg(dataset, "ma", extra=("run.eval_every=1", "optim.lr=0.3",
                                                 "run.passes=3")), log=lambda m: None)
     # no evaluation in the Allreduce wait: each one ends after z has moved on

@@ -4,7 +4,7 @@ import os
 
 from ibtmpi.cli import main
 from ibtmpi.config import load
-from ibtmpi.trainer import Trainer
+from ibtmpi.train import Trainer
 
 
 def _runs(data, tmp_path, specs):

@@ -10,7 +10,8 @@ import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi.config import load
-from ibtmpi.trainer import LR_KEYS, InjectedFault, Trainer
+from ibtmpi.train import InjectedFault, Trainer
+from ibtmpi.config import ADDED_KEYS
 
 ALGOS = ["ma", "admm", "bmuf", "ibt", "easgd", "ssgd"]
 
@@ -153,7 +154,7 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
                 "early_stop", "early_stop_delta", "timeline"):
         old["run"].pop(key)
     old["model"].pop("init")          # nor model.init
-    for key in LR_KEYS:               # nor the learning-rate schedule
+    for key in ADDED_KEYS["optim"]:   # nor the learning-rate schedule, optim.name
         old["optim"].pop(key)
     for k in ckpt.complete(str(tmp_path / "r")):
         p = os.path.join(ckpt.ckpt_dir(str(tmp_path / "r"), k), "manifest.json")

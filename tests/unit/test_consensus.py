@@ -7,6 +7,7 @@ import pytest
 from scipy.optimize import minimize
 
 from ibtmpi import consensus
+from ibtmpi.consensus import vector
 from ibtmpi.consensus import Consensus, WorkerState
 from ibtmpi.model import Model
 from ibtmpi.optim import SGD
@@ -139,7 +140,7 @@ def test_residuals_do_not_depend_on_the_ranks_thread_count():
     assert diags[0] == diags[1] == diags[2]
 
 
-@pytest.mark.parametrize("m", [1, 1000, consensus._CHUNK, 3 * consensus._CHUNK + 17])
+@pytest.mark.parametrize("m", [1, 1000, vector._CHUNK, 3 * vector._CHUNK + 17])
 def test_residual_dots_against_exact_sums(m):
     """The chunked float64 products equal exactly rounded sums (math.fsum
     of the float64 products) to 1e-12, whatever the length against the
@@ -150,7 +151,7 @@ def test_residual_dots_against_exact_sums(m):
     got = consensus.residual_dots(dz, sw, step)
     f = [a.astype(np.float64) for a in (dz, sw, step)]
     exact = (math.fsum(f[0] * f[1]), math.fsum(f[0] * f[0]), math.fsum(f[2] * f[2]))
-    for g, e in zip(got + consensus._dots_whole(dz, sw, step), exact + exact):
+    for g, e in zip(got + vector._dots_whole(dz, sw, step), exact + exact):
         assert abs(g - e) <= 1e-12 * max(1.0, abs(e)), (g, e)
 
 
@@ -166,7 +167,7 @@ def test_chunked_host_update_equals_the_whole_vector_one(algo):
     after several blocks, whatever the thread count, and so the diagnostics
     and rho with adaptive rho (admm, ibt: a device worker computes those
     residuals from host copies)."""
-    n, P = 3, 3 * consensus._CHUNK + 5
+    n, P = 3, 3 * vector._CHUNK + 5
     rng = np.random.default_rng(7)
     z0 = rng.standard_normal(P).astype(np.float32)
     acfg = {"rho": 0.05, "adaptive_rho": True, "rho_mu": 1.5}
@@ -181,7 +182,7 @@ def test_chunked_host_update_equals_the_whole_vector_one(algo):
             assert diags[0] == diags[1], (blk, diags)
         else:                         # diagnostics only: the device sums whole
             assert diags[0] == pytest.approx(diags[1], rel=1e-12), (blk, diags)
-        for name in ("z", "zg", "v", "U", "z_prev"):
+        for name in runs[0].vectors + ("z_prev",):     # z, and zg, v, U where kept
             got = [np.asarray(getattr(c, name)).tobytes() for c in runs]
             assert got[0] == got[1] == got[2], (blk, name)
     assert runs[1]._pool is None and runs[2]._pool is not None

@@ -7,7 +7,7 @@ from fakecupy import FakeCupy
 
 from ibtmpi.backend import GpuOps
 from ibtmpi.config import load
-from ibtmpi.trainer import Trainer
+from ibtmpi.train import Trainer
 
 
 def device_vs_host(data, tmp_path, algo, ops, tol):

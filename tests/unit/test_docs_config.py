@@ -62,8 +62,26 @@ def test_documented_defaults_are_the_real_ones():
 
 def test_effective_split_size_default_is_the_documented_one(small_dataset, tmp_path):
     from ibtmpi.config import load
-    from ibtmpi.trainer import Trainer
+    from ibtmpi.train import Trainer
     cfg = load(None, [f"data.path={small_dataset}", f"run.dir={tmp_path}",
                       "model.layers=tiny", "run.quiet=true"])
     t = Trainer(cfg, log=lambda m: None)
     assert t.sched.split_size == int(EFFECTIVE[("data", "split_size")])
+
+
+def test_documented_names_are_the_registries():
+    """algorithm.name and optim.name list exactly the registered classes,
+    in registration order."""
+    from ibtmpi.consensus import ALGORITHMS
+    from ibtmpi.optim import OPTIMIZERS
+    rows = {}
+    sec = None
+    for line in open(DOC):
+        m = re.match(r"## \[(\w+)\]", line)
+        if m:
+            sec = m.group(1)
+        elif sec and line.startswith("| `name` |"):
+            why = line.strip().strip("|").split("|")[2]
+            rows[sec] = [w for w in re.findall(r"`(\w+)`", why) if w not in ("ibtmpi",)]
+    assert rows["algorithm"] == list(ALGORITHMS)
+    assert rows["optim"] == list(OPTIMIZERS)

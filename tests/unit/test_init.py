@@ -17,7 +17,9 @@ from ibtmpi.cli import main
 from ibtmpi.config import ConfigError, load
 from ibtmpi.dataset import Dataset
 from ibtmpi.model import Model
-from ibtmpi.trainer import InjectedFault, Trainer, run_hash, save_model
+from ibtmpi.train import InjectedFault, Trainer
+from ibtmpi.config import run_hash
+from ibtmpi.outputs import save_model
 
 from conftest import copy_dataset, train_args
 

@@ -12,7 +12,8 @@ from ibtmpi.config import load
 from ibtmpi.dataset import Dataset
 from ibtmpi.outputs import load_trained
 from ibtmpi.serial import evaluate
-from ibtmpi.trainer import BEST, InjectedFault, Trainer, run_hash
+from ibtmpi.train import BEST, InjectedFault, Trainer
+from ibtmpi.config import run_hash
 
 
 def cfg(path, run_dir, **extra):

@@ -2,14 +2,13 @@
 (NVRTC for compute_70/80/90, nvcc where present), and every kernel's logic
 runs on the host through the emulator (host_emu.h) and matches the NumPy
 reference. Odd grid/block sizes exercise the grid-stride loops.
-Files: conv.cu, pool.cu, activation.cu, softmax_xent.cu, optim.cu, consensus.cu."""
+Files: conv.cu, pool.cu, activation.cu, softmax_xent.cu, optim.cu."""
 import os
 import shutil
 
 import numpy as np
 import pytest
 
-from ibtmpi import consensus as cons_ref
 from ibtmpi import kernelcheck as kc
 from ibtmpi import ops
 from ibtmpi.kernels import sources
@@ -21,8 +20,8 @@ GRIDS = [(1, 1), (3, 7), (64, 128)]
 
 
 def test_all_sources_present():
-    assert sorted(CU) == ["activation.cu", "consensus.cu", "conv.cu", "optim.cu",
-                          "pool.cu", "softmax_xent.cu"]
+    assert sorted(CU) == ["activation.cu", "conv.cu", "optim.cu", "pool.cu",
+                          "softmax_xent.cu"]
 
 
 @pytest.mark.parametrize("arch", kc.ARCHS)
@@ -257,25 +256,3 @@ def test_sgd_update_kernel_matches_reference_and_sgd_class(mods, grid, nesterov,
     opt.v[:] = v0
     opt.step(g.copy())
     np.testing.assert_allclose(cw, rw, rtol=1e-6, atol=1e-7)
-
-
-@pytest.mark.parametrize("grid", GRIDS)
-def test_consensus_kernels(mods, grid):
-    P = 53
-    x, y, S, zg0, v0, u0, wh, z = (RNG.standard_normal(P).astype(np.float32) for _ in range(8))
-    out = np.empty(P, np.float32)
-    mods["consensus"].axpby(*grid, out, 0.7, x, -1.5, y, P)
-    np.testing.assert_allclose(out, cons_ref.axpby(np.empty_like(x), 0.7, x, -1.5, y),
-                               rtol=1e-6, atol=1e-6)
-    u = u0.copy()
-    mods["consensus"].dual_update(*grid, u, wh, z, 0.5, P)
-    ru = u0.copy()
-    cons_ref.dual_update(ru, wh, z, 0.5)
-    np.testing.assert_allclose(u, ru, rtol=1e-6, atol=1e-7)
-    for nest in (0, 1):
-        zg, v, zz = zg0.copy(), v0.copy(), np.empty(P, np.float32)
-        mods["consensus"].block_momentum(*grid, S, zg, v, zz, P, 0.25, 0.75, 1.0, nest)
-        rzg, rv, rz = zg0.copy(), v0.copy(), np.empty(P, np.float32)
-        cons_ref.block_momentum(S, rzg, rv, rz, 0.25, 0.75, 1.0, bool(nest))
-        for a, b in ((zg, rzg), (v, rv), (zz, rz)):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fakecupy import FakeCupy
 
-from ibtmpi import consensus, ops
+from ibtmpi import ops
 from ibtmpi.backend import GpuOps
 from ibtmpi.optim import sgd_update
 
@@ -119,18 +119,6 @@ def test_vector_launchers(g):
     rw = w0.copy()
     sgd_update(rw, gr, v0.copy(), None, None, 0.05, 0.9, 1e-3, 0.0, False, False)
     _close(w, rw, g, rtol=1e-6, atol=1e-7)
-    zg, v, z = D(c), D(v0), g.cp.zeros(P, np.float32)
-    g.block_momentum(D(S), zg, v, z, 0.25, 0.75, 1.0, True)
-    rzg, rv, rz = c.copy(), v0.copy(), np.zeros(P, np.float32)
-    consensus.block_momentum(S, rzg, rv, rz, 0.25, 0.75, 1.0, True)
-    _close(z, rz, g, rtol=1e-6, atol=1e-6)
-    out = g.cp.empty(P, np.float32)
-    g.axpby(out, 2.0, D(w0), -1.0, D(c))
-    _close(out, 2 * w0 - c, g, rtol=1e-6, atol=1e-6)
-    u, ru = D(u0), u0.copy()
-    g.dual_update(u, D(w0), D(c), 0.5)
-    consensus.dual_update(ru, w0, c, 0.5)
-    _close(u, ru, g, rtol=1e-6, atol=1e-7)
 
 
 def test_the_stand_in_rejects_what_cupy_rejects(g):

@@ -10,7 +10,8 @@ import pytest
 from ibtmpi import checkpoint as ckpt
 from ibtmpi.config import DEFAULTS, ConfigError, load
 from ibtmpi.optim import LrSchedule
-from ibtmpi.trainer import InjectedFault, Trainer, run_hash
+from ibtmpi.train import InjectedFault, Trainer
+from ibtmpi.config import run_hash
 
 
 def opts(**kw):

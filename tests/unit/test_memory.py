@@ -14,7 +14,7 @@ from fakecupy import POOL, FakeCupy
 from ibtmpi import memory
 from ibtmpi.backend import GpuOps
 from ibtmpi.config import load
-from ibtmpi.trainer import Trainer
+from ibtmpi.train import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STANDIN = os.path.join(ROOT, "tests", "standin")

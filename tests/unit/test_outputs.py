@@ -14,7 +14,7 @@ from ibtmpi.cli import main
 from ibtmpi.config import load
 from ibtmpi.dataset import Dataset
 from ibtmpi.outputs import TrainedModelError, load_trained
-from ibtmpi.trainer import Trainer
+from ibtmpi.train import Trainer
 from conftest import IBTMPI, mpiexec
 
 

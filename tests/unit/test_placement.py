@@ -5,8 +5,8 @@ import os
 from ibtmpi.config import load
 from ibtmpi.threads import current_blas_threads
 from ibtmpi.monitor import oversubscription_text, placement_text
-from ibtmpi.status import ranges
-from ibtmpi.trainer import Trainer
+from ibtmpi.monitor import ranges
+from ibtmpi.train import Trainer
 
 
 def test_ranges():

@@ -5,7 +5,8 @@ import pstats
 import pytest
 
 from ibtmpi.config import load
-from ibtmpi.trainer import InjectedFault, Trainer, run_hash
+from ibtmpi.train import InjectedFault, Trainer
+from ibtmpi.config import run_hash
 
 
 def cfg(data, run_dir, **extra):

@@ -6,7 +6,7 @@ import numpy as np
 
 from ibtmpi.config import load
 from ibtmpi.monitor import Stragglers
-from ibtmpi.trainer import Trainer
+from ibtmpi.train import Trainer
 
 
 def test_a_persistent_straggler_is_named_once():

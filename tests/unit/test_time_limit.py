@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ibtmpi import checkpoint as ckpt
-from ibtmpi import trainer as tr
+from ibtmpi.train import lifecycle as tr
 from conftest import IBTMPI, MPIEXEC, mpiexec, train_args
 
 from ibtmpi.cli import main

@@ -9,7 +9,8 @@ import pytest
 
 from ibtmpi import timeline
 from ibtmpi.config import load
-from ibtmpi.trainer import InjectedFault, Trainer, run_hash
+from ibtmpi.train import InjectedFault, Trainer
+from ibtmpi.config import run_hash
 
 
 def cfg(path, run_dir, algo="ibt", **extra):
@@ -135,7 +136,7 @@ def test_a_fresh_start_drops_the_timeline_of_the_run_it_replaces(
 
 SLOW_STEP = """
 import functools, sys, time
-from ibtmpi import trainer
+from ibtmpi.train import trainer
 from ibtmpi.cli import main
 from ibtmpi.model import Model
 NAP = float(sys.argv.pop(1))
@@ -189,7 +190,7 @@ def test_compute_cpu_time_leaves_out_time_off_the_cpu(small_dataset, tmp_path, a
 def test_a_preempted_job_merges_the_timeline_of_its_blocks(small_dataset, tmp_path):
     """A stop request (signal or time limit) ends the job after the next
     block with a checkpoint: the merged timeline covers the job's blocks."""
-    from ibtmpi.trainer import Preempted
+    from ibtmpi.train import Preempted
     t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
     mark = t._mark_flags
 
@@ -206,7 +207,7 @@ def test_a_preempted_job_merges_the_timeline_of_its_blocks(small_dataset, tmp_pa
 
 STARVE_ONE = """
 import functools, sys, time
-from ibtmpi import trainer
+from ibtmpi.train import trainer
 from ibtmpi.cli import main
 trainer.WorkerData = functools.partial(trainer.WorkerData, prefetch=False)
 orig = trainer.Trainer._swap_in

@@ -9,7 +9,7 @@ import pytest
 from ibtmpi import comm
 from ibtmpi.cli import main
 from ibtmpi.config import ConfigError, load
-from ibtmpi.trainer import Trainer
+from ibtmpi.train import Trainer
 
 
 def cfg_for(path, run_dir, algo, n=3, **extra):
@@ -145,7 +145,7 @@ def test_progress_lines_follow_the_clock_and_estimate_the_rest():
 def test_progress_lines_in_a_log(small_dataset, tmp_path, capsys, extra, expect):
     """stderr is not a terminal under pytest: the batch-log lines appear
     unless progress_s = 0 or quiet; the run's digest ignores progress_s."""
-    from ibtmpi.trainer import run_hash
+    from ibtmpi.config import run_hash
     sets = [f"data.path={small_dataset}", "data.split_size=40", "model.layers=tiny",
             f"run.dir={tmp_path}", "run.simulate=2", "run.passes=1"]
     cfg = load(None, sets + ["run.progress_s=1e-9"] + extra)

@@ -1,0 +1,94 @@
+"""Global-consensus ADMM (``admm``), Boyd et al. 2011 section 7.1, scaled form.
+
+  worker  f_i(w) + rho/2 ||w - z + u_i||^2         (prox centre z)
+  z       N*rho*avg/(l2 + N*rho),  S = sum (w^_i + u_i)
+  dual    u_i += w^_i - z
+(w^ = a*w + (1-a)*centre: over-relaxation; a = 1 by default.) sum_i u_i is
+tracked on every rank as U = S - N*z (no extra collective), which gives
+the primal residual. ``Prox`` below is the dual algorithms' shared worker
+side (ibt uses it too).
+Tests: tests/unit/test_consensus.py (convergence to the centralised optimum
+of a convex problem), tests/mpi/test_trainer_mpi.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import BlockAlgorithm, register
+from .vector import dual_update
+
+
+class ProxAlgorithm(BlockAlgorithm):
+    """A worker minimises f_i(w) + rho/2 ||w - c + u_i||^2 about the centre c
+    and keeps a scaled dual u_i; sum_i u_i is U on every rank."""
+
+    dual = True
+    uses_rho = True
+    worker_vectors = ("u",)
+
+    def setup(self, z0, a):
+        self.U = np.zeros_like(z0)        # sum of the workers' duals
+        self.alpha_or = float(a["over_relaxation"])
+
+    def centre(self):
+        return self.z
+
+    def worker_begin(self, ws, w):
+        if self.dual_reset:
+            ws.u.fill(0)
+        super().worker_begin(ws, w)
+
+    def extra_grad(self, ws, to_device=None):
+        """g += rho*(w - c + u). With `to_device`, c and u are copied to the
+        device once per block."""
+        from ..optim import Prox
+        c, u = self.centre(), ws.u
+        if to_device is not None:
+            c, u = to_device(c), to_device(u)
+        return Prox(c, u, self.dtype.type(self.rho))
+
+    def contribution(self, ws, w, out):
+        q = self._distance(w)
+        c = self.centre()
+        if self.alpha_or != 1.0:
+            a = self.dtype.type(self.alpha_or)
+            ws.w_hat = a * w + (self.dtype.type(1) - a) * c
+        else:
+            ws.w_hat = w.copy()
+        np.add(ws.w_hat, ws.u, out=out)
+        return q
+
+    def _sum_w(self, S, sl):
+        """sum of the (over-relaxed) w_i on sl, before U moves on."""
+        U = self.U[sl]
+        if self.dual_reset:
+            U.fill(0)                    # workers zeroed their u this block
+        return S - U
+
+    def _track_duals(self, S, sl):
+        np.subtract(S, self.dtype.type(self.n) * self.z[sl], out=self.U[sl])
+
+    def rescale_duals(self, scale):
+        self.U *= self.dtype.type(scale)
+
+    def worker_end(self, ws, w):
+        dual_update(ws.u, ws.w_hat, self.z, self.rho_scale)
+
+
+@register
+class ADMM(ProxAlgorithm):
+    name = "admm"
+    summary = "global-consensus ADMM: z = avg(w_i + u_i) (with l2: shrunk); u_i += w_i - z"
+    vectors = ("z", "U")
+
+    def setup(self, z0, a):
+        super().setup(z0, a)
+        self.l2 = float(a["l2"])
+
+    def _step(self, S, sl):
+        sum_w = self._sum_w(S, sl)
+        n = self.n
+        scale = n * self.rho / (self.l2 + n * self.rho)
+        np.multiply(S, self.dtype.type(scale / n), out=self.z[sl])
+        self._track_duals(S, sl)
+        return sum_w

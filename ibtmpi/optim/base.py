@@ -1,0 +1,96 @@
+"""The optimizer protocol and its registry, and the ADMM prox hook.
+
+An optimizer updates one flat parameter vector w (P,) in place from a
+gradient g (P,): ``step(g)``. It owns its state buffers (SGD: the momentum
+v; Adam: moments and a step count) and is the only code that names them:
+``state_spec()`` gives {name: (shape, dtype)}, ``state()`` the live
+buffers, ``load(state)`` copies values in (host or device arrays),
+``reset()`` zeroes them (after a consensus sync, where the optimizer's
+``reset_on_sync`` says so). Checkpoints, the trainer and the simulated
+workers' swaps go through these four and nothing else. ``lr`` and
+``extra_grad`` are set by the trainer: the learning rate of the block
+(lr.py's LrSchedule) and the algorithm's term added to g before the
+update (the ADMM prox, a ``Prox``; DESIGN.md section 9).
+A new optimizer is one module in this package with a class decorated by
+``@register`` and one import line in __init__.py.
+Tests: tests/unit/test_optim.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+OPTIMIZERS = {}          # name -> class: the single list (config, docs)
+
+
+def register(cls):
+    """Class decorator: cls.name becomes an optim.name value."""
+    OPTIMIZERS[cls.name] = cls
+    return cls
+
+
+class Optimizer:
+    name = ""
+
+    def __init__(self, params, lr, extra_grad=None, ops=None):
+        if lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {lr}")
+        self.w = params                          # (P,) updated in place
+        self.lr = lr
+        self.extra_grad = extra_grad
+        self.ops = ops                           # backend.GpuOps: fused steps
+        self.steps = 0
+
+    @classmethod
+    def from_config(cls, o, params, ops=None):
+        """From the [optim] section (config.DEFAULTS holds every default)."""
+        raise NotImplementedError
+
+    def step(self, g):
+        raise NotImplementedError
+
+    # -- state: the only way anybody reads or writes the buffers -------------
+    def state_spec(self):
+        """{name: (shape, dtype)} of the buffers a checkpoint keeps."""
+        return {k: (v.shape, v.dtype) for k, v in self.state().items()}
+
+    def state(self):
+        """{name: live buffer} (on the device for a GPU optimizer)."""
+        return {}
+
+    def load(self, state):
+        """Copy `state` ({name: host or device array}) into the buffers."""
+        for k, buf in self.state().items():
+            src = state[k]
+            if self.ops is not None:
+                src = self.ops.asarray(src)
+            buf[...] = src
+
+    def reset(self):
+        for buf in self.state().values():
+            buf.fill(0)
+
+
+class Prox:
+    """extra_grad of an ADMM worker: g += rho*(w - c + u), c the prox centre
+    and u the scaled dual (host or device arrays, as w)."""
+
+    def __init__(self, c, u, rho):
+        self.c, self.u, self.rho = c, u, rho
+        self._tmp = None
+
+    def __call__(self, w, g):
+        if self._tmp is None:
+            self._tmp = np.empty_like(self.c)
+        tmp = self._tmp
+        np.subtract(w, self.c, out=tmp)
+        np.add(tmp, self.u, out=tmp)
+        np.multiply(tmp, self.rho, out=tmp)
+        np.add(g, tmp, out=g)
+
+
+def make(o, params, ops=None):
+    """The optimizer optim.name names, built from the [optim] section."""
+    name = o.get("name", "sgd")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    return OPTIMIZERS[name].from_config(o, params, ops)

@@ -1,0 +1,203 @@
+"""A training job's life around the blocks: how it ends (the exceptions the
+launch entry turns into exit statuses), injected faults for the tests,
+the time limit, stop signals, the profile and earlier jobs' error files.
+
+Nothing here knows an algorithm, a layer or MPI; the trainer asks.
+Tests: tests/unit/test_faults.py, test_time_limit.py, test_profile.py,
+tests/slurm/ci_slurm.sh (preemption and requeue).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import time
+
+EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
+EXIT_DIVERGED = 4
+TIME_MARGIN_S = 30.0        # kept free before a time limit, besides 2 blocks + a
+                            # checkpoint (at most 5% of the time the run was given)
+
+
+class Preempted(Exception):
+    """All ranks agreed to stop after a signal; a checkpoint was written."""
+
+
+class Diverged(Exception):
+    """Non-finite loss or model; the last good checkpoint is kept."""
+
+
+class WatchdogTimeout(RuntimeError):
+    """A block ran past run.watchdog_s; names the ranks that had not arrived."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised by IBTMPI_FAULT=rank:block:phase (tests of fail-fast)."""
+
+
+class Faults:
+    """IBTMPI_FAULT=rank:block:phase: a fault the tests inject. Phases that
+    raise where the trainer enters them (setup, compute, allreduce,
+    evaluation, checkpoint) and special ones the trainer acts on: hang,
+    nan, leak (from that block on), enospc."""
+
+    def __init__(self, text=None):
+        text = os.environ.get("IBTMPI_FAULT", "") if text is None else text
+        self.at = None
+        if text:
+            try:
+                fr, fb, fp = text.split(":")
+                self.at = (int(fr), int(fb), fp)
+            except ValueError:
+                raise ValueError(f"IBTMPI_FAULT must be rank:block:phase, got {text!r}") from None
+        self.leaked = []
+
+    def hit(self, rank, block, phase):
+        return self.at is not None and self.at == (rank, block, phase)
+
+    def enter(self, rank, block, phase):
+        """Raise the injected fault if it targets this point."""
+        if self.hit(rank, block, phase):
+            raise InjectedFault(f"injected fault on rank {rank}, block {block}, "
+                                f"phase {phase}")
+
+    def compute(self, rank, block):
+        """Inside a worker's compute: an injected hang (watchdog tests) or
+        leak (memory-growth tests: 20 MB a block)."""
+        if self.hit(rank, block, "hang"):
+            time.sleep(3600)
+        if self.at is not None and self.at[::2] == (rank, "leak") and block >= self.at[1]:
+            import numpy as np
+            self.leaked.append(np.ones(2_500_000))
+
+    def disk_full(self, rank, block, path):
+        if self.hit(rank, block, "enospc"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+
+class Deadline:
+    """run.time_limit on the master: stop with a checkpoint before it. With
+    less time left than two blocks (the stop takes effect after the next
+    one, through its flags), a checkpoint and the margin, `due` says so;
+    the job then ends with exit 75 like a preemption and the templates
+    requeue it."""
+
+    def __init__(self, spec, clock=time.time):
+        self.at, self.source = resolve_deadline(spec, clock=clock)
+        self.margin = (min(TIME_MARGIN_S, 0.05 * max(self.at - clock(), 0.0))
+                       if self.at is not None else 0.0)
+        self.ckpt_s = 0.0                # longest checkpoint write seen
+        self.walls = []                  # recent block times
+
+    def due(self, wall, log):
+        """After each block: True when the run must stop after the next."""
+        self.walls = (self.walls + [wall])[-5:]
+        left = self.at - time.time()
+        block = max(self.walls)
+        if left < 2 * block + self.ckpt_s + self.margin:
+            log(f"time limit in {max(left, 0):.0f} s ({self.source}); a block "
+                f"takes up to {block:.3g} s: stopping after the next block with a "
+                f"checkpoint")
+            return True
+        return False
+
+    def text(self):
+        end = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.at))
+        return f"{end} ({self.source})"
+
+
+def resolve_deadline(spec, env=None, clock=time.time):
+    """(epoch seconds, where it came from) of the time limit, or (None, "").
+    auto: the Slurm job's end, from SLURM_JOB_END_TIME (Slurm >= 23.02) or
+    else `squeue -o %e` for SLURM_JOB_ID; none: no limit; a duration: that
+    long from now (the run's start)."""
+    from ..config import parse_duration
+    env = os.environ if env is None else env
+    secs = parse_duration(spec)
+    if secs is not None:
+        return clock() + secs, f"run.time_limit = {spec}"
+    if str(spec).strip().lower() != "auto":
+        return None, ""
+    end = env.get("SLURM_JOB_END_TIME", "")
+    if end.isdigit() and int(end) > 0:
+        return float(end), f"the end of Slurm job {env.get('SLURM_JOB_ID', '?')}"
+    job = env.get("SLURM_JOB_ID", "")
+    if job.isdigit():
+        import subprocess
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True,
+                                 text=True, timeout=20).stdout.strip()
+            t = time.mktime(time.strptime(out, "%Y-%m-%dT%H:%M:%S"))
+            return t, f"the end of Slurm job {job}, from squeue"
+        except (OSError, subprocess.SubprocessError, ValueError, OverflowError):
+            pass           # no squeue, an unlimited job (UNLIMITED), an old format
+    return None, ""
+
+
+def install_stop_handlers(trainer):
+    """SIGTERM / SIGUSR1 ask for a checkpoint-and-stop at the end of the
+    current block (all ranks agree through the block's Allreduce flags)."""
+    import signal
+    import threading
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        def on_signal(signum, frame):
+            trainer.stop_requested = True
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            old[sig] = signal.signal(sig, on_signal)
+    return old
+
+
+def restore_handlers(old):
+    import signal
+    for sig, h in old.items():
+        signal.signal(sig, h)
+
+
+def start_profile(on):
+    if not on:
+        return None
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
+    return prof
+
+
+def write_profile(prof, run_dir, rank, block, phase, top=40):
+    """run.profile: this rank's cProfile, also when the run failed:
+    RUN/profile-rank-R.txt (the `top` functions by cumulative time) and
+    .pstats (for snakeviz, pstats, gprof2dot). A write error is reported,
+    never raised over the run's own outcome."""
+    import io
+    import pstats
+    prof.disable()
+    base = os.path.join(run_dir, f"profile-rank-{rank:05d}")
+    try:
+        prof.dump_stats(base + ".pstats")
+        text = io.StringIO()
+        st = pstats.Stats(prof, stream=text)
+        st.sort_stats("cumulative").print_stats(top)
+        with open(base + ".txt", "w") as f:
+            f.write(f"rank {rank}, block {block}, phase {phase}\n")
+            f.write(text.getvalue())
+    except OSError as e:
+        print(f"[rank {rank}] run.profile: cannot write {base}.*: {e}", file=sys.stderr)
+
+
+def retire_errors(run_dir, before):
+    """Move the error-rank-*.txt an earlier job left (written before
+    `before`) to RUN/old-errors/, named by when they were written, so those
+    in RUN are this job's alone (`ibtmpi status`: failed) and the earlier
+    ones are kept to read."""
+    import glob
+    for path in glob.glob(os.path.join(run_dir, "error-rank-*.txt")):
+        try:
+            t = os.path.getmtime(path)
+            if t >= before:
+                continue
+            old = os.path.join(run_dir, "old-errors")
+            os.makedirs(old, exist_ok=True)
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(t))
+            os.replace(path, os.path.join(old, f"{os.path.basename(path)[:-4]}-{stamp}.txt"))
+        except OSError:
+            pass                  # gone meanwhile, or a read-only dir: status copes

@@ -1,0 +1,545 @@
+"""Rank 0's side of a run: the overlapped evaluation, the block records and
+metrics lines, progress and the straggler / starvation / memory reports,
+the best model and early stop, the start and plan text, summary.json.
+
+The master evaluates z on the validation set batch by batch while it
+waits in the block's Allreduce (`_work`), so the evaluation overlaps the
+workers' compute. A mixin of train.trainer.Trainer.
+Tests: tests/unit/test_trainer.py, test_keep_best.py, test_stragglers.py,
+test_dry_run.py, test_status.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from .. import checkpoint as ckpt
+from .. import comm as mpi
+from .. import memory, runlock, timeline
+from ..model import Model
+from ..monitor import (Progress, Starved, Stragglers, eval_rank, oversubscription_text,
+                       placement_text, ranges)
+from ..outputs import save_model
+
+BEST = "model-best.npz"
+
+
+class MasterReports:
+    def _master_setup(self):
+        """The master's evaluation data and model and its records (every
+        rank has the attributes; only the master fills them)."""
+        self.val = self.test = None
+        if self.is_master:
+            for name in ("val", "test"):
+                if name in self.ds.splits:
+                    sp = self.ds.split(name)
+                    setattr(self, name, (sp.read_all(), sp.labels))
+            h, w, c = self.ds.image_shape
+            self.eval_model = Model(self.cfg["model"]["layers"], (c, h, w),
+                                    self.ds.n_classes)
+        self.metrics_f = None
+        self.history = []
+        self.best = None                 # master: the best evaluation so far
+        self.ref = None                  # master: early stop's reference evaluation
+        self.since_ref = 0               # master: evaluations since then
+        self.early = None                # master: (block, reason) of run.early_stop
+
+    def _start_reports(self, start):
+        """Progress (a bar on a terminal, lines in a batch log), straggler,
+        starvation and memory-growth watches, the pending evaluation."""
+        r, n = self.cfg["run"], self.n_workers
+        self._pending_eval = None      # (record, generator, out)
+        self.eval_cpu = 0.0            # rank 0 CPU spent evaluating (useful work)
+        self.bar = None
+        if self.is_master and not r["quiet"] and sys.stderr.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=self.total_blocks, initial=start, unit="block",
+                            leave=False)
+        # no terminal (a batch job's log): a progress line every progress_s
+        self.progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
+            if self.is_master and self.bar is None and not r["quiet"] else None
+        self.stragglers = Stragglers(n)
+        self.growth = memory.MemoryGrowth()
+        # CPU workers (GPU workers' host threads may rightly sleep in compute);
+        # one process (simulation, N = 1) has one placement row
+        rows = self.placement
+        self.starved = Starved([i for i in range(n)
+                                if rows[i + 1 if len(rows) > 1 else 0][3] == "cpu"])
+
+    def _close_reports(self):
+        if self.bar is not None:
+            self.bar.close()
+        if self.metrics_f is not None:
+            self.metrics_f.flush()
+
+    def _record(self, k, p, b, diag, wall):
+        """Block k's metrics line from the reduced packet (every rank)."""
+        pk, n = self.packet, self.n_workers
+        loss_sum, cnt, corr = pk.stat("loss_sum"), pk.stat("samples"), pk.stat("correct")
+        comp, wait, cpu = pk.reduced("compute"), pk.reduced("wait"), pk.reduced("cpu")
+        rss, pool = pk.got("rss"), pk.got("pool")
+        rec = {"block": k, "blocks_total": self.total_blocks, "pass": p,
+               "block_in_pass": b, "algorithm": self.algo,
+               "N": n, "train_loss": loss_sum / max(cnt, 1),
+               "train_acc": corr / max(cnt, 1), "samples": int(cnt),
+               "primal_residual": diag["primal"], "dual_residual": diag["dual"],
+               "rho": diag["rho"], "lr": diag.get("lr", self.opt.lr),
+               "wall_s": wall,
+               "time": round(time.time(), 3),      # when the block ended
+               "compute_max_s": float(comp.max()),
+               "compute_mean_s": float(comp.mean()),
+               "data_wait_max_s": float(wait.max()),
+               "data_wait_mean_s": float(wait.mean()),
+               "comm_s": max(wall - float(comp.max()) - float(wait.max()), 0.0),
+               "images_per_s": cnt / wall if wall > 0 else 0.0,
+               "slowest_worker": int(comp.argmax()),
+               "compute_s": [round(float(c), 6) for c in comp],
+               # CPU seconds of the worker's process in the same span:
+               # below compute_s when it waited for a core (more ranks
+               # than cores) or a GPU, above it with BLAS threads
+               "compute_cpu_s": [round(float(c), 6) for c in cpu],
+               # high-water marks of each worker's process (memory.py)
+               "peak_rss_mib": [round(float(m), 1) for m in rss]}
+        if pool.any():
+            rec["gpu_pool_mib"] = [round(float(m), 1) for m in pool]
+        return rec
+
+    def _report_block(self, k, p, b, rec, last):
+        """Master, after block k: the live reports, the evaluation of z
+        (overlapped with the next block where a worker runs here too: no),
+        the metrics line, progress."""
+        comp = self.packet.reduced("compute")
+        cpu = self.packet.reduced("cpu")
+        slow = self.stragglers.block(comp)
+        if slow is not None:
+            self.log(self._straggler_text(*slow))
+        starved = self.starved.block(comp, cpu)
+        if self.starved.now:      # for `ibtmpi status` of a live run
+            rec["starved"] = self.starved.now
+        if starved:
+            self.log(self._starved_text(
+                starved, f"{self.starved.need}+ of the last "
+                         f"{self.starved.window} blocks"))
+        eval_every = self.cfg["run"]["eval_every"] or self.sched.blocks_per_pass
+        due = (k + 1) % eval_every == 0 or last
+        if due and self.val is not None:
+            self._at("evaluation")
+            out = {}
+            self._pending_eval = (rec, self._eval_steps(self.val, self.z, out), out)
+            if self.local or last:      # nothing to overlap with: now
+                self._finish_eval()
+        else:
+            self._emit(rec, None)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{rec['train_loss']:.3f}")
+        if self.progress is not None and not last:
+            self.progress.block_done(k, rec, self.sched.blocks_per_pass)
+        if b + 1 == self.sched.blocks_per_pass:
+            for found in self.growth.pass_done(rec):
+                self.log(self._growth_text(p, *found))
+
+    def _eval_steps(self, data, params, out, batch=256):
+        """Generator: evaluates params on (x, y) batch by batch, yielding in
+        between, so the master can poll MPI; writes (loss, acc) into out."""
+        from ..serial import evaluate_steps
+        np.copyto(self.eval_model.params, params)
+        return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
+                              self.ds.std, out, batch)
+
+    def _work(self):
+        """The master's useful work while waiting: one batch of the pending
+        evaluation. Returns False when there is nothing to do."""
+        if self._pending_eval is None:
+            return False
+        c0, t0 = time.process_time(), time.perf_counter()
+        try:
+            next(self._pending_eval[1])
+            self.tl.span("evaluation", t0, time.perf_counter(), 0,
+                         block=self._pending_eval[0]["block"])
+            return True
+        except StopIteration:
+            self._emit(self._pending_eval[0], self._pending_eval[2])
+            self._pending_eval = None
+            return False
+        finally:
+            self.eval_cpu += time.process_time() - c0
+
+    def _end_timeline(self):
+        """The run's last collective (_final_sync); with run.timeline every
+        rank closes its file before it, so the master merges complete files
+        after it, also across nodes on NFS (close-to-open)."""
+        self.tl.close()
+        self._final_sync()
+        if self.is_master and isinstance(self.tl, timeline.Timeline):
+            path, n = timeline.merge(self.run_dir, {"run_dir": self.run_dir,
+                                                    "algorithm": self.algo})
+            self.log(f"timeline: {path} ({n} spans; open in https://ui.perfetto.dev "
+                     f"or chrome://tracing)")
+
+    def _finish_eval(self):
+        if self._pending_eval is not None:
+            self.phase = "evaluation"
+            while self._work():
+                pass
+
+    def plan(self):
+        """What run() would do, checked the way run() checks it, with nothing
+        trained or written (train --dry-run): the run directory's lock, which
+        checkpoint it would resume from (every rank reads its own file), the
+        schedule and the traffic. Every rank must call it; the master gets
+        the lines to print, the workers []."""
+        lock = runlock.probe(self.run_dir) if self.is_master else None
+        self.placement = self._placement()
+        start = self._restore(dry=True)
+        if not (self.simulate or mpi.world_size() == 1):
+            mpi.allgather(None)        # every rank got this far: only then "would start"
+        if not self.is_master:
+            return []
+        s, r, n = self.sched, self.cfg["run"], self.n_workers
+        ds = self.ds
+        h, w, c = ds.image_shape
+        if self.simulate:
+            how = f"{n} workers simulated in one process"
+        elif mpi.world_size() > 1:
+            how = f"{n} workers, {mpi.world_size()} processes (rank 0 the master)"
+        else:
+            how = "1 worker, one process (the baseline)"
+        splits = ", ".join(f"{k} {ds.split(k).n:,d}" for k in ds.splits)
+        per_pass = s.steps_per_pass() if self.A.per_step else s.blocks_per_pass
+        mib = self.packet.size * 4 / 2**20
+        every = r["checkpoint_every"] or s.blocks_per_pass
+        if start:
+            resume = (f"resume from {ckpt.ckpt_dir(self.run_dir, start - 1)} "
+                      f"(block {start} of {self.total_blocks})")
+        else:
+            resume = "start from block 0" + (f", {self.init_note}" if self.init_note else "")
+        warn = oversubscription_text(self.placement)
+        return [
+            "dry run: nothing trained, nothing written; the job would start as follows",
+            f"  job: {self.algo}, {how}; workers compute on "
+            f"{'gpu' if self.dev is not None else 'cpu'}",
+            f"  data: {ds.path}: {splits} images {h}x{w}x{c}, {ds.n_classes} classes",
+            f"  blocks: split {s.split_len(0, 0):,d} per worker (block "
+            f"{sum(s.split_len(i, 0) for i in range(n)):,d}), "
+            f"batch {s.batch}, {s.max_range:,d} samples per worker: {s.blocks_per_pass} "
+            f"blocks per pass, {s.steps_in_block(0)} steps per block; {self.total_blocks} "
+            f"blocks for {r['passes']:g} pass(es)",
+            f"  model: {self.cfg['model']['layers']}, {self.P:,d} parameters "
+            f"({self.P * 4 / 2**20:.1f} MiB float32)",
+            f"  {self.lr_at.describe() or 'lr: constant ' + format(self.lr_at.lr, 'g')}",
+            f"  communication: {per_pass} Allreduce(s) per pass "
+            f"({'one per step' if self.A.per_step else 'one per block'}) of "
+            f"{self.packet.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB per pass",
+            f"  checkpoints: every {every} block(s), {r['keep_checkpoints']} kept; {resume}",
+            "  evaluation: " + (
+                "none (no val split)" if "val" not in ds.splits else
+                f"z on val every {r['eval_every'] or s.blocks_per_pass} block(s)"
+                + ("; the best kept as model-best.npz" if r["keep_best"] else "")
+                + (f"; early stop after {r['early_stop']} evaluations without a better "
+                   f"one" + (f" (val accuracy up by more than {r['early_stop_delta']:g})"
+                             if r["early_stop_delta"] else "") if r["early_stop"] else "")),
+            "  " + placement_text(self.placement),
+            *([f"  {warn}"] if warn else []),
+            f"  run.dir: {self.run_dir}: "
+            + ("free" if lock is None else f"its lock would be taken over ({lock})"),
+            "  time limit: " + ("none" if self.deadline is None else
+                                f"{self.deadline.text()}: stops with a checkpoint before it"),
+        ] + (["  diagnostics: " + "; ".join(
+            t for t, on in (("cProfile of every rank (profile-rank-R.txt, .pstats)",
+                             r["profile"]),
+                            (f"timeline of every rank ({timeline.MERGED})", r["timeline"]))
+            if on)] if r["profile"] or r["timeline"] else [])
+
+    def _read_history(self, start):
+        """Master, resuming at `start`: the metrics lines of the blocks the
+        checkpoint covers, and from them the best evaluation so far and any
+        early stop, as the first attempt saw them."""
+        mpath = os.path.join(self.run_dir, "metrics.jsonl")
+        kept = []
+        if os.path.exists(mpath):
+            for line in open(mpath):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    break              # a torn last line
+                if rec.get("block", -1) < start:
+                    kept.append(rec)
+        self.history = kept
+        for rec in kept:
+            if "val_acc" in rec:
+                self._on_evaluation(rec, write=False)
+
+    def _open_run_dir(self, start):
+        r = self.cfg["run"]
+        from ..config import to_toml
+        os.makedirs(r["dir"], exist_ok=True)
+        with open(os.path.join(r["dir"], "config.toml"), "w") as f:
+            f.write(to_toml(self.cfg))
+        mpath = os.path.join(r["dir"], "metrics.jsonl")
+        if start:
+            with open(mpath, "w") as f:
+                f.writelines(json.dumps(x) + "\n" for x in self.history)
+            self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
+                     f"(block {start} of {self.total_blocks})")
+        else:                          # a fresh start: no stale best of another run
+            try:
+                os.remove(os.path.join(r["dir"], BEST))
+            except FileNotFoundError:
+                pass
+        if self.deadline is not None:
+            self.log(f"time limit {self.deadline.text()}: the run stops with a "
+                     f"checkpoint before it (exit 75) and resumes when run again")
+        self.metrics_f = open(mpath, "a" if start else "w")
+        self.log(f"{self.algo}: {self.n_workers} worker(s)"
+                 f"{' (simulated)' if self.simulate else ''}, "
+                 f"{self.sched.n} train images, split {self.sched.split_size}, "
+                 f"batch {self.sched.batch}, {self.sched.blocks_per_pass} blocks/pass, "
+                 f"{self.total_blocks} blocks, model {self.P:,d} parameters")
+        if self.init_note and not start:
+            self.log(f"model.init: {self.init_note}")
+        if self.lr_at.describe():
+            self.log(self.lr_at.describe())
+        self.log(placement_text(self.placement))
+        warn = oversubscription_text(self.placement)
+        if warn:
+            self.log(warn)
+
+    def _finish(self, t_start, cpu_start, calls0, bytes0, images):
+        r = self.cfg["run"]
+        wall = time.perf_counter() - t_start
+        cpu = time.process_time() - cpu_start
+        summary = {"algorithm": self.algo, "N": self.n_workers, "blocks": self.total_blocks,
+                   "passes": self.total_blocks / self.sched.blocks_per_pass,
+                   "wall_s": wall, "rank0_cpu_s": cpu,
+                   "rank0_cpu_share": cpu / wall if wall else 0.0,
+                   "rank0_eval_cpu_s": self.eval_cpu,
+                   # what rank 0 burns besides evaluating: waiting, updates, I/O
+                   "rank0_other_cpu_share": (cpu - self.eval_cpu) / wall if wall else 0.0,
+                   "allreduce_calls": mpi.STATS["allreduce"] - calls0,
+                   "allreduce_bytes": mpi.STATS["bytes"] - bytes0,
+                   "images": int(images), "simulated": bool(self.simulate),
+                   "world_size": 1 if self.simulate else mpi.world_size(),
+                   # wall_s is this process's; a resumed run's blocks before
+                   # start ran in earlier ones: their time is in the metrics
+                   "resumed_at_block": self.start,
+                   "blocks_wall_s": float(sum(h["wall_s"] for h in self.history)),
+                   # per worker, over every block so far: its compute wall
+                   # seconds and its process's CPU seconds in them
+                   **_per_worker_totals(self.history, self.n_workers),
+                   **_per_worker_peaks(self.history, self.n_workers),
+                   "rank0_peak_rss_mib": round(memory.peak_rss_mib(), 1),
+                   # worker -> blocks in which it computed longest, >= 1.25x the median
+                   "straggler_blocks": {str(i): c for i, c in
+                                        sorted(self.stragglers.counts.items())},
+                   # worker -> blocks in which its process had a core less
+                   # than STARVED_SHARE of its compute time
+                   "starved_blocks": {str(i): c for i, c in
+                                      sorted(self.starved.counts.items())},
+                   # figure -> {worker: [MiB at the first pass end, MiB later]}
+                   # of the workers whose memory kept growing (a leak?)
+                   "memory_growth": {k: {str(i): v for i, v in sorted(d.items())}
+                                     for k, d in self.growth.found.items()},
+                   "environment": self._environment()}
+        trained = self.total_blocks - self.start
+        late = self.starved.summary(trained) if self.is_master else None
+        if late:               # a run too short for the live report
+            self.log(self._starved_text(late, f"{min(self.starved.counts[i] for i in late)} "
+                                              f"of the {trained} blocks of this run"))
+        done = os.path.join(r["dir"], "summary.json")
+        if self.is_master and self.start >= self.total_blocks and os.path.exists(done):
+            # nothing trained: the finished run's summary stays as it was
+            with open(done) as f:
+                summary = json.load(f)
+            self.metrics_f.close()
+            acc = (f" (test accuracy {summary['test_acc']:.4f})"
+                   if "test_acc" in summary else "")
+            if self.early_agreed:
+                self.log(f"{r['dir']} stopped early after block {self.start - 1} "
+                         f"(run.early_stop){acc}: nothing to train, its summary and model "
+                         f"are kept. Use another run.dir to train again")
+            else:
+                self.log(f"{r['dir']} already holds {self.start} trained blocks, this run "
+                         f"asks for {self.total_blocks}{acc}: nothing to train, its "
+                         f"summary and model are kept. Raise run.passes to train on, or "
+                         f"use another run.dir")
+        elif self.is_master:
+            self.phase = "evaluation"
+            if self.test is not None:
+                out = {}
+                for _ in self._eval_steps(self.test, self.z, out):
+                    pass
+                summary["test_loss"], summary["test_acc"] = out["loss"], out["acc"]
+            last_val = [h for h in self.history if "val_acc" in h]
+            if last_val:
+                summary["val_acc"] = last_val[-1]["val_acc"]
+            save_model(os.path.join(r["dir"], "model.npz"), self.z, self.model,
+                       self.ds, self.cfg)
+            if self.best is not None:
+                summary["best"] = self._best_summary(summary)
+            if self.early_agreed and self.early is not None:
+                summary["stopped_early"] = {"after_block": self.total_blocks - 1,
+                                            "reason": self.early[1]}
+                self.log(f"early stop (run.early_stop): {self.early[1]}; stopped after "
+                         f"block {self.total_blocks - 1}")
+            with open(done, "w") as f:
+                json.dump(summary, f, indent=1)
+            self.metrics_f.close()
+            if "test_acc" in summary:
+                self.log(f"final test accuracy {summary['test_acc']:.4f} "
+                         f"(loss {summary['test_loss']:.4f}) after {summary['passes']:.2f} "
+                         f"pass(es), {wall:.1f} s; rank 0 CPU {summary['rank0_cpu_share']:.1%} "
+                         f"({summary['rank0_other_cpu_share']:.1%} outside evaluation)")
+            mem = memory.memory_line(summary)
+            if mem:
+                self.log(mem)
+            b = summary.get("best")
+            if b and b["block"] != self.total_blocks - 1:
+                self.log(f"best val accuracy {b['val_acc']:.4f} at block {b['block']} (pass "
+                         f"{b['pass'] + 1}); final {summary['val_acc']:.4f}"
+                         + (f"; {b['file']}: test accuracy {b['test_acc']:.4f}"
+                            if "test_acc" in b else ""))
+        self.summary = summary
+        return summary
+
+    def _emit(self, rec, val):
+        if val:
+            rec["val_loss"], rec["val_acc"] = val["loss"], val["acc"]
+            self._on_evaluation(rec)
+        self.history.append(rec)
+        self.metrics_f.write(json.dumps(rec) + "\n")
+        self.metrics_f.flush()
+        bpp = self.sched.blocks_per_pass
+        if rec["block_in_pass"] == bpp - 1 or rec["block"] + 1 == self.total_blocks:
+            blocks = [h for h in self.history if h["pass"] == rec["pass"]]
+            loss = sum(h["train_loss"] * h["samples"] for h in blocks) / max(
+                1, sum(h["samples"] for h in blocks))
+            msg = (f"pass {rec['pass'] + 1}: train loss {loss:.4f}, "
+                   f"{sum(h['wall_s'] for h in blocks):.1f} s")
+            if "val_acc" in rec:
+                msg += f", val acc {rec['val_acc']:.4f}"
+            self.log(msg)
+
+    def _best_summary(self, summary):
+        """summary.json's "best": the block with the best val accuracy, and
+        its model's test accuracy (the final one's where that is the last)."""
+        b = dict(self.best)
+        path = os.path.join(self.run_dir, BEST)
+        if not (self.cfg["run"]["keep_best"] and os.path.exists(path)):
+            return b
+        b["file"] = path
+        if self.test is None:
+            return b
+        if b["block"] == self.total_blocks - 1:
+            b["test_loss"], b["test_acc"] = summary["test_loss"], summary["test_acc"]
+            return b
+        out = {}
+        with np.load(path) as f:
+            z = f["z"]
+        for _ in self._eval_steps(self.test, z, out):
+            pass
+        b["test_loss"], b["test_acc"] = out["loss"], out["acc"]
+        return b
+
+    def _on_evaluation(self, rec, write=True):
+        """Master, at each evaluation (write=False: replaying those of a
+        resumed run): a z with higher val accuracy than every earlier one
+        (equal accuracy: lower val loss) is written to RUN/model-best.npz;
+        the evaluated z is the evaluation model's (the consensus has moved
+        on while the evaluation overlapped the next block). run.early_stop
+        counts the evaluations since the last one that was better than its
+        reference: the same order, or with run.early_stop_delta = d a val
+        accuracy higher by more than d (the reference is then the last
+        evaluation that was: small gains add up until together they clear d)."""
+        r = self.cfg["run"]
+        b = self.best
+        if b is None or eval_rank(rec) > eval_rank(b):
+            self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
+            if write and r["keep_best"]:
+                save_model(os.path.join(self.run_dir, BEST), self.eval_model.params,
+                           self.model, self.ds, self.cfg)
+        d, ref = r["early_stop_delta"], self.ref
+        if ref is None or (rec["val_acc"] > ref["val_acc"] + d if d else
+                           eval_rank(rec) > eval_rank(ref)):
+            self.ref, self.since_ref = rec, 0
+            return
+        self.since_ref += 1
+        p = r["early_stop"]
+        if p and self.since_ref >= p and self.early is None:
+            # this evaluation may end while block k+1 runs, after k+1's
+            # flags went out: the stop rides on block k+2's flags, in every
+            # run alike (MPI, simulation, resumed), so it ends after k+2
+            than = (f"above {ref['val_acc']:.4f} + {d:g}" if d else
+                    f"better than {ref['val_acc']:.4f}")
+            self.early = (rec["block"] + 2, f"no val accuracy {than} (block "
+                          f"{ref['block']}) in {p} evaluations")
+
+
+    def _growth_text(self, p, key, i, first, now):
+        what = "peak RSS" if key == "peak_rss_mib" else "CuPy pool"
+        return (f"memory: {self._workers_text([i])}: {what} grew from {first:.0f} MiB at "
+                f"the end of this job's first pass to {now:.0f} MiB at the end of pass "
+                f"{p + 1}, and in each of the last two passes: a leak? ({key} in "
+                f"metrics.jsonl has it block by block)")
+
+    def _workers_text(self, ws):
+        """'worker 3 (rank 4 on node7)', 'worker(s) 0-3 (rank(s) 1-4 on a, b)'."""
+        one = len(ws) == 1
+        where = f"worker {ws[0]}" if one else f"worker(s) {ranges(ws)}"
+        if not self.simulate and len(self.placement) > ws[-1] + 1:
+            hosts = ", ".join(sorted({self.placement[i + 1][0] for i in ws}))
+            ranks = f"rank {ws[0] + 1}" if one else f"rank(s) {ranges([i + 1 for i in ws])}"
+            where += f" ({ranks} on {hosts})"
+        return where
+
+    def _straggler_text(self, i, hits, ratio):
+        return (f"{self._workers_text([i])} computed longest in {hits} of the last "
+                f"{self.stragglers.window} blocks, {ratio:.2f}x the median worker: "
+                f"every block waits for it at the Allreduce (a slower or shared node, "
+                f"a throttled GPU?); metrics.jsonl has slowest_worker per block")
+
+    def _starved_text(self, starved, when):
+        ws = sorted(starved)
+        share = sorted(starved.values())[len(ws) // 2]
+        their = "its" if len(ws) == 1 else "their"
+        return (f"{self._workers_text(ws)} had a core for only {share:.0%} of {their} "
+                f"compute time (median) in {when}: the node runs more busy threads "
+                f"than it has cores (ranks x run.threads, or other jobs), so time per "
+                f"block measures the wait for cores, not the computation; "
+                f"compute_cpu_s in metrics.jsonl has it per block")
+
+    def _environment(self):
+        """What a run needs to be compared months later: versions, the MPI
+        library and where every rank ran (this process's last start)."""
+        import platform
+        from .. import __version__
+        return {"ibtmpi": __version__, "python": platform.python_version(),
+                "numpy": np.__version__, "mpi": mpi.library_version(),
+                "ranks": [{"rank": i, "host": h, "pid": p, "blas_threads": t, "device": d,
+                           "cores": len(c)} for i, (h, p, t, d, c) in enumerate(self.placement)]}
+
+
+def _per_worker_totals(history, n):
+    """summary.json's worker_compute_s / worker_cpu_s: per worker sums over
+    the metrics lines that have both (lines from before compute_cpu_s
+    existed, in a resumed run, are left out of both)."""
+    h = [r for r in history if "compute_cpu_s" in r]
+    return {key: [round(sum(r[src][i] for r in h), 3) for i in range(n)]
+            for key, src in (("worker_compute_s", "compute_s"), ("worker_cpu_s", "compute_cpu_s"))}
+
+
+def _per_worker_peaks(history, n):
+    """summary.json's worker_peak_rss_mib (and, on GPUs, worker_gpu_pool_mib):
+    per worker the largest figure of the run's metrics lines, earlier jobs
+    of a resumed run included."""
+    out = {}
+    for key, src in (("worker_peak_rss_mib", "peak_rss_mib"),
+                     ("worker_gpu_pool_mib", "gpu_pool_mib")):
+        h = [r[src] for r in history if src in r]
+        if h:
+            out[key] = [max(r[i] for r in h) for i in range(n)]
+    return out

@@ -1,0 +1,279 @@
+"""Checkpoints, resume and model.init: what a rank writes and reads back.
+
+Every rank writes its own file per checkpoint (checkpoint.py) holding what
+the parts own, asked from them: the algorithm's consensus state (the
+master's file: every rank reads it back) and each local worker's state
+(the algorithm's: its dual, easgd's own model; the optimizer's: its
+momentum or moments), named ``<key>_<worker>``; ssgd's rank-level model
+and optimizer state as ``params`` and ``opt_<key>``. Nothing here lists a
+buffer by name. The master confirms a checkpoint in its manifest only
+when every rank's flag says its file was written (the next block's
+Allreduce, or the final sync).
+A mixin of train.trainer.Trainer.
+Tests: tests/unit/test_checkpoint.py, test_init.py, tests/mpi/test_trainer_mpi.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import numpy as np
+
+from .. import checkpoint as ckpt
+from .. import comm as mpi
+from ..config import ConfigError, config_diff, hashed_config, run_hash
+from .lifecycle import Diverged
+from .packet import FLAG_CKPT
+
+
+class CheckpointState:
+    def _state_spec(self):
+        """{name: (shape, dtype)} of this rank's checkpoint arrays."""
+        spec = {}
+        if self.is_master and self.cons is not None:
+            spec.update(self.cons.state_spec())
+        if self.A.per_step:
+            spec["params"] = ((self.P,), np.float32)
+            spec.update({f"opt_{k}": v for k, v in self.opt.state_spec().items()})
+        for i in self.local:
+            if self.cons is not None:
+                spec.update({f"{k}_{i}": v for k, v in self.cons.worker_spec().items()})
+            if not self.A.per_step:
+                spec.update({f"{k}_{i}": v for k, v in self.opt.state_spec().items()})
+        return spec
+
+    def _state_arrays(self):
+        a = {}
+        if self.is_master and self.cons is not None:
+            a.update(self.cons.state())
+        if self.A.per_step:
+            a["params"] = self._host(self.model.params)
+            a.update({f"opt_{k}": self._host(v) for k, v in self.opt.state().items()})
+        for i in self.local:
+            if self.cons is not None:
+                a.update({f"{k}_{i}": self._host(v)
+                          for k, v in self.cons.worker_state(self.states[i]).items()})
+            if not self.A.per_step:
+                own = (self.opt_states[i] if len(self.local) > 1 else
+                       {k: self._host(v) for k, v in self.opt.state().items()})
+                a.update({f"{k}_{i}": v for k, v in own.items()})
+        return a
+
+    def _checkpoint(self, k):
+        self._at("checkpoint")
+        if not np.isfinite(self.z).all():
+            raise Diverged(f"block {k}: the consensus model is not finite; not "
+                           f"checkpointing it (the last good checkpoint is kept)")
+        self.faults.disk_full(self.rank, k, os.path.join(   # injected full disk (tests)
+            ckpt.ckpt_dir(self.run_dir, k), ckpt.rank_file(self.rank)))
+        ckpt.write_rank(self.run_dir, k, self.rank, self._state_arrays())
+        self.pending_ckpt, self.pending_ok = k, True
+
+    def _manifest(self, k):
+        world = 1 if self.simulate else mpi.world_size()
+        ckpt.write_manifest(self.run_dir, k, {
+            "config_hash": self.cfg_hash, "config": hashed_config(self.cfg),
+            "dataset": self.data_fp, "algorithm": self.algo,
+            "n_workers": self.n_workers, "world_size": world,
+            "simulate": self.simulate, "files": [ckpt.rank_file(r) for r in range(world)],
+            "blocks_per_pass": self.sched.blocks_per_pass,
+            "passes_done": (k + 1) / self.sched.blocks_per_pass},
+            keep=self.cfg["run"]["keep_checkpoints"])
+
+    def _final_sync(self):
+        """One small collective after the run's last checkpoint, so the
+        master writes its manifest only when every rank has its file."""
+        if self.pending_ckpt is None:
+            return
+        n = self.packet.size - self.packet.flags0
+        send = np.zeros(n, np.float32)
+        recv = np.zeros(n, np.float32)
+        mine = ([0] if self.is_master else []) + [1 + i for i in self.local]
+        for j in mine:
+            send[j] = FLAG_CKPT if self.pending_ok else 0
+        mpi.allreduce_sum(send, recv, self.comm, count=False)
+        if (recv.astype(np.int64) & FLAG_CKPT).all() and self.is_master:
+            self._manifest(self.pending_ckpt)
+        self.pending_ckpt = None
+
+    def _resume_candidates(self):
+        """Complete checkpoints to resume from, newest first ([]: start
+        fresh); CheckpointError where run.resume or the newest checkpoint
+        forbids it (another configuration, worker count or dataset)."""
+        mode = self.cfg["run"]["resume"]
+        done = ckpt.complete(self.run_dir)
+        if not done:
+            if mode == "always":
+                raise ckpt.CheckpointError(
+                    f"--resume: {self.run_dir} holds no complete checkpoint")
+            return []
+        k = done[-1]
+        where = ckpt.ckpt_dir(self.run_dir, k)
+        if mode == "never":
+            raise ckpt.CheckpointError(
+                f"{self.run_dir} holds checkpoints (newest {where}); use another "
+                f"run.dir, or resume with run.resume=auto")
+        m = ckpt.read_manifest(self.run_dir, k)
+        world = 1 if self.simulate else mpi.world_size()
+        if m.get("n_workers") != self.n_workers or m.get("world_size") != world:
+            raise ckpt.CheckpointError(
+                f"{where} was written by {m.get('n_workers')} worker(s) in "
+                f"{m.get('world_size')} process(es); this run has {self.n_workers} in "
+                f"{world}. Resuming with another worker count is not supported "
+                f"(duals and data ranges are per worker): relaunch with the same "
+                f"count, or start a new run from this one's model: another run.dir "
+                f"and --set model.init={self.run_dir}")
+        if m.get("config_hash") not in (self.cfg_hash, run_hash(self.cfg, legacy=True)):
+            what = (isinstance(m.get("config"), dict)
+                    and config_diff(m["config"], hashed_config(self.cfg))
+                    or "model, data, algorithm or optimizer differ")
+            raise ckpt.CheckpointError(
+                f"{where} was written by another configuration ({what}); run with "
+                f"the checkpoint's settings to resume, or use another run.dir to "
+                f"start fresh")
+        if m.get("dataset", self.data_fp) != self.data_fp:
+            raise ckpt.CheckpointError(
+                f"{where} was written for another dataset: "
+                f"{self.ds.path}/dataset.json differs from the one the run started "
+                f"with (regenerated or replaced?); use another run.dir to start fresh")
+        return done[::-1]
+
+    def _restore(self, dry=False):
+        """Block to start from: 0, or one past the newest complete checkpoint
+        that every rank can read. Under MPI rank 0 lists the candidates and
+        broadcasts them (a rank with a stale view of the run directory, NFS
+        attribute caches or a manifest written just after it looked, must not
+        resume elsewhere), and all ranks agree on each attempt (allgather of
+        the read errors): a checkpoint damaged on any rank is set aside as
+        damaged-ckpt-* and the previous complete one is used."""
+        dist = not (self.simulate or mpi.world_size() == 1)
+        if not dist:
+            cands = self._resume_candidates()
+        else:
+            res = None
+            if self.is_master:
+                try:
+                    res = ("ok", self._resume_candidates())
+                except ckpt.CheckpointError as e:
+                    res = ("error", str(e))
+            res = mpi.bcast(res)
+            if res[0] == "error":
+                raise ckpt.CheckpointError(res[1])
+            cands = res[1]
+        errs = []
+        for k in cands:
+            err = None
+            try:
+                self._load_state(k)
+            except ckpt.CheckpointError as e:
+                err = f"rank {self.rank}: {e}"
+            errs = [e for e in (mpi.allgather(err) if dist else [err]) if e]
+            if not errs:
+                return k + 1
+            where = ckpt.ckpt_dir(self.run_dir, k)
+            if dry:
+                self.log(f"checkpoint {where} cannot be read ({'; '.join(errs)}); a run "
+                         f"would set it aside and try the previous complete checkpoint")
+            elif self.is_master:
+                aside = os.path.join(os.path.dirname(where), "damaged-" + os.path.basename(where))
+                if os.path.exists(aside):
+                    aside += f".{time.time_ns()}"
+                os.replace(where, aside)
+                self.log(f"checkpoint {where} cannot be read ({'; '.join(errs)}); set "
+                         f"aside as {aside}, trying the previous complete checkpoint")
+        if cands:
+            raise ckpt.CheckpointError(
+                f"no complete checkpoint in {self.run_dir} could be read (last: "
+                f"{'; '.join(errs)}); use another run.dir to start fresh")
+        self._init_from_model(dist)
+        return 0
+
+    def _init_from_model(self, dist):
+        """model.init, for a run that starts at block 0: w of every worker
+        and z from a trained model's z (duals and momenta stay zero). Every
+        rank reads the file; all of them fail together (ConfigError, exit 2)
+        when any one cannot, e.g. a path its node does not see."""
+        path = self.cfg["model"]["init"]
+        if not path:
+            return
+        from ..outputs import TrainedModelError, load_trained
+        err, t, fp = None, None, None
+        try:
+            t = load_trained(path)
+            err = self._init_mismatch(t)
+            fp = hashlib.sha256(t.model.params.tobytes()).hexdigest()
+        except TrainedModelError as e:
+            err = str(e)
+        every = mpi.allgather((err, fp)) if dist else [(err, fp)]
+        bad = [i for i, (e, _) in enumerate(every) if e]
+        if bad:
+            who = f" (rank(s) {bad})" if dist else ""
+            raise ConfigError(f"model.init: {every[bad[0]][0]}{who}")
+        other = [i for i, (_, f) in enumerate(every) if f != every[0][1]]
+        if other:
+            raise ConfigError(f"model.init: rank(s) {other} read another model from "
+                              f"{path} than rank 0 (another file at that path on their "
+                              f"node?); every rank must start from the same z")
+        z = t.model.params                 # float32 on the host (load_trained)
+        self.model.params[...] = self._dev(z)
+        if self.A.per_step:
+            self.z[...] = z
+        else:
+            self.cons = self._new_consensus()
+            self.z = self.cons.z
+        notes = []
+        if t.classes != list(self.ds.classes):
+            notes.append(f"its classes {t.classes} are this data's {list(self.ds.classes)} "
+                         f"by position")
+        if not (np.allclose(t.mean, self.ds.mean, atol=1e-3) and
+                np.allclose(t.std, self.ds.std, atol=1e-3)):
+            notes.append("it was trained with another normalisation (mean/std); this "
+                         "run normalises with this data's")
+        self.init_note = (f"initialised from {t.source}"
+                          + (": " + "; ".join(notes) if notes else ""))
+
+    def _init_mismatch(self, t):
+        """Why trained model t cannot start this run's model, or None."""
+        m = self.model
+        if t.model.input_shape != m.input_shape:
+            return (f"{t.source} takes {t.model.input_shape} inputs (C, H, W), this "
+                    f"data has {m.input_shape}")
+        if t.model.n_classes != m.n_classes:
+            return (f"{t.source} has {t.model.n_classes} classes, this data "
+                    f"{m.n_classes}")
+        mine = [l.describe() for l in m.layers]
+        theirs = [l.describe() for l in t.model.layers]
+        if mine != theirs or t.model.size != m.size:
+            return (f"{t.source} has other layers ({t.layers!r}, {t.model.size:,d} "
+                    f"parameters) than model.layers = {self.cfg['model']['layers']!r} "
+                    f"({m.size:,d})")
+        if sorted(t.classes) == sorted(self.ds.classes) and t.classes != list(self.ds.classes):
+            return (f"{t.source} orders the same classes differently ({t.classes} "
+                    f"against this data's {list(self.ds.classes)}): its outputs would "
+                    f"name the wrong classes")
+        return None
+
+    def _load_state(self, k):
+        """This rank's state from checkpoint k (CheckpointError if unreadable)."""
+        where = ckpt.ckpt_dir(self.run_dir, k)
+        if self.cons is not None:
+            self.cons.load(ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)),
+                                          self.cons.state_spec()), self._put)
+        mine = ckpt.read_rank(os.path.join(where, ckpt.rank_file(self.rank)),
+                              self._state_spec())
+        opt_keys = list(self.opt.state_spec())
+        if self.A.per_step:
+            self.model.params[...] = self._dev(mine["params"])
+            self.opt.load({k_: mine[f"opt_{k_}"] for k_ in opt_keys})
+            self.z[...] = mine["params"]
+            return
+        new = self._dev if self.device_state else (lambda a: a.copy())
+        for i in self.local:
+            ws = self.states[i]
+            self.cons.worker_load(ws, {k_: mine[f"{k_}_{i}"]
+                                       for k_ in self.cons.worker_spec()}, new)
+            for k_ in opt_keys:
+                np.copyto(self.opt_states[i][k_], mine[f"{k_}_{i}"])
+            if len(self.local) == 1:
+                self.opt.load({k_: mine[f"{k_}_{i}"] for k_ in opt_keys})

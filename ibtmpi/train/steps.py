@@ -1,0 +1,264 @@
+"""One block on this rank's workers, and the block's Allreduce.
+
+``block_algo``: every local worker loads its split, starts from the
+algorithm's start point, runs its local steps with the algorithm's extra
+gradient, packs its contribution, timings and memory into the packet;
+then ONE Allreduce and the replicated consensus update on every rank.
+``block_ssgd``: the per-step reference, a gradient Allreduce per
+minibatch. ``warmup``: ssgd steps before block 0. Several simulated
+workers in one process share one model and one optimizer: each worker's
+optimizer state is swapped in and out through the optimizer's
+``state()/load()``.
+A mixin of train.trainer.Trainer (it reads the wiring the trainer sets up:
+model, opt, cons, packet, loaders, sched, faults, timeline).
+Tests: tests/unit/test_trainer.py (the simulator), tests/mpi/test_trainer_mpi.py.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from .. import comm as mpi
+from .. import memory
+from .lifecycle import Diverged, WatchdogTimeout
+from .packet import FLAG_CKPT, FLAG_EARLY, FLAG_NONFINITE, FLAG_STOP
+
+
+class BlockSteps:
+    def _run_steps(self, mbs):
+        # on a GPU the loss and correct count stay on the device (no host
+        # sync per step) and are read once, here at the end of the block
+        stats = self.model.new_stats(self.cfg["data"]["batch"])
+        n = 0
+        for x, y in mbs:
+            if len(y) == 0:
+                continue
+            self.model.step_grad(x, y, stats)
+            self.opt.step(self.model.grads)
+            n += len(y)
+        loss_sum, correct = self.model.read_stats(stats)
+        return loss_sum, n, correct
+
+    def _swap_in(self, i):
+        # several simulated workers share one optimizer: swap their state
+        if len(self.local) > 1:
+            self.opt.load(self.opt_states[i])
+
+    def _swap_out(self, i):
+        if len(self.local) > 1:
+            for k, buf in self.opt.state().items():
+                self.opt_states[i][k][...] = self._host(buf)
+
+    def _put_memory(self, i):
+        """Worker i's memory high-water marks into its slots of the block's
+        Allreduce (memory.py): this process's peak RSS, its CuPy pool."""
+        self.packet.put("rss", i, memory.peak_rss_mib())
+        if self.dev is not None:
+            self.packet.put("pool", i, self.dev.pool_bytes() / memory.MIB)
+
+    def _block_algo(self, k, work):
+        p, b = self.sched.locate(k)
+        pk = self.packet
+        pk.send.fill(0)
+        vec = pk.model_out()
+        tmp = np.empty(self.P, np.float32) if len(self.local) > 1 else None
+        self._mark_flags()
+        for i in self.local:
+            t0 = time.perf_counter()
+            mbs = self.loaders[i].block(p, b)
+            t1, c1 = time.perf_counter(), time.process_time()
+            self.tl.span("data", t0, t1, 1 + i, block=k)
+            self._at("compute")
+            self.faults.compute(self.rank, k)
+            self.model.set_dropout_seed([self.cfg["data"]["seed"], k, i])
+            self._swap_in(i)
+            if self.cfg["optim"]["reset_momentum"]:
+                self.opt.reset()
+            ws = self.states[i]
+            # stage: the worker's w has a host image (pinned) unless the
+            # consensus state lives on the same device as w
+            stage = self.dev is not None and not self.device_state
+            wh = self._w_host if stage else self.model.params
+            self.cons.worker_begin(ws, wh)
+            if stage:
+                self.dev.to_device(wh, self.model.params)
+            self.opt.extra_grad = self.cons.extra_grad(
+                ws, to_device=self.dev.asarray if stage else None)
+            loss_sum, cnt, corr = self._run_steps(mbs)
+            if stage:
+                self.dev.to_host(self.model.params, wh)
+            if self.faults.hit(self.rank, k, "nan"):
+                loss_sum = float("nan")            # injected divergence (tests)
+                wh[0] = np.nan
+            out = tmp if tmp is not None else vec
+            q = self.cons.contribution(ws, wh, out)
+            if tmp is not None:
+                vec += tmp
+            self._swap_out(i)
+            t2, c2 = time.perf_counter(), time.process_time()
+            self.tl.span("compute", t1, t2, 1 + i, block=k, cpu_s=round(c2 - c1, 6))
+            pk.add_stats(loss_sum, cnt, corr, q)
+            pk.put("compute", i, t2 - t1)
+            pk.put("wait", i, t1 - t0)
+            pk.put("cpu", i, c2 - c1)
+            self._put_memory(i)
+            if not (math.isfinite(loss_sum) and math.isfinite(q)
+                    and np.isfinite(out).all()):
+                pk.flag(1 + i, FLAG_NONFINITE)
+        self._at("allreduce")
+        t3, c3 = time.perf_counter(), time.process_time()
+        S = self._reduce_packed(work, k)
+        t4 = time.perf_counter()
+        self.tl.span("allreduce", t3, t4, self._lane, block=k,
+                     cpu_s=round(time.process_time() - c3, 6))
+        self._check_flags(k)
+        diag = self.cons.update(S, pk.stat("q"))
+        for i in self.local:
+            self.cons.worker_end(self.states[i], None)
+        self.tl.span("consensus", t4, time.perf_counter(), self._lane, block=k)
+        return p, b, diag
+
+    def _reduce_packed(self, work, k):
+        """The block's one Allreduce of the packed buffer; returns the
+        reduced S (P,), on the device where the state is (BlockPacket.reduce)."""
+        return self.packet.reduce(lambda s, r: self._reduce(s, r, work, k),
+                                  self.dev, self.gpu_buffers)
+
+    def _reduce(self, send, recv, work, k):
+        """The block's Allreduce; with run.watchdog_s the master aborts a
+        block past the limit, naming the ranks that had not arrived."""
+        limit = self.cfg["run"]["watchdog_s"]
+        # Workers are on the critical path (they compute right after): they
+        # poll on a short leash; the master sleeps longer (< 5% of a core).
+        nap = 0.005 if self.is_master and not self.local else 0.0005
+        if not limit or self.simulate or mpi.world_size() == 1:
+            mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None,
+                              sleep_max=nap)
+            return
+        if self.is_master:
+            posted = mpi.post_arrivals()
+            t0 = time.perf_counter()
+
+            def watch():
+                if time.perf_counter() - t0 > limit:
+                    missing = mpi.missing_arrivals(posted)
+                    raise WatchdogTimeout(
+                        f"block {k} ran past run.watchdog_s = {limit:g} s; rank(s) "
+                        f"{missing} had not arrived at the Allreduce")
+            mpi.allreduce_sum(send, recv, self.comm, work=work, watch=watch)
+            mpi.wait_all([req for req, _ in posted.values()])
+        else:
+            req, _buf = mpi.send_arrival(k)
+            mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap)
+            mpi.wait_all([req])
+
+    def _mark_flags(self):
+        """This rank's flag slots for the coming Allreduce."""
+        fl = self.packet.out("flags")
+        mine = [0] if self.is_master else []
+        mine += [1 + i for i in self.local]
+        for j in mine:
+            v = 0
+            if self.stop_requested:
+                v |= FLAG_STOP
+            if self.pending_ckpt is not None and self.pending_ok:
+                v |= FLAG_CKPT
+            if self.early is not None and self.block >= self.early[0]:
+                v |= FLAG_EARLY
+            fl[j] = v
+
+    def _check_flags(self, k):
+        f = self.packet.rflags()
+        # confirm the previous checkpoint first: it was good when written
+        if self.pending_ckpt is not None:
+            if (f & FLAG_CKPT).all() and self.is_master:
+                self._manifest(self.pending_ckpt)
+            self.pending_ckpt = None
+        bad = [j - 1 for j in range(1, len(f)) if f[j] & FLAG_NONFINITE]
+        if bad:
+            ranks = [b + 1 for b in bad] if (mpi.world_size() > 1 and not self.simulate) else [0]
+            raise Diverged(
+                f"block {k}: non-finite loss or model on worker(s) {bad} (rank(s) "
+                f"{ranks}); the last good checkpoint is kept. Lower optim.lr or raise "
+                f"algorithm.rho")
+        self.stop_agreed = bool((f & FLAG_STOP).any())
+        self.early_agreed = bool((f & FLAG_EARLY).any())
+
+    def _block_ssgd(self, k, work):
+        """Horovod-style: one fused Allreduce of the gradients per minibatch."""
+        p, b = self.sched.locate(k)
+        n, pk = self.n_workers, self.packet
+        steps = self.sched.steps_in_block(b)
+        data = {}
+        t_data = {}
+        for i in self.local:
+            t0 = time.perf_counter()
+            data[i] = self.loaders[i].block(p, b)
+            t1 = time.perf_counter()
+            t_data[i] = t1 - t0
+            self.tl.span("data", t0, t1, 1 + i, block=k)
+        tot = np.zeros(pk.flags0 - self.P, np.float64)   # stats and timings
+        w0 = self.model.params
+        gsum = pk.model_out()
+        self._at("compute")
+        for s in range(steps):
+            # ssgd: each step is a synchronous update, the schedule runs per step
+            self.opt.lr = self.lr_at(k, s / steps, 1.0 / steps)
+            pk.send.fill(0)
+            gsum.fill(0)
+            self._mark_flags()
+            for i in self.local:
+                t0, c0 = time.perf_counter(), time.process_time()
+                x, y = data[i][s]
+                if len(y):
+                    loss, c = self.model.loss_and_grad(x, y)
+                    g = self.model.grads
+                    gsum += g if self.device_state else self._host(g)
+                    pk.add_stats(loss * len(y), len(y), c)
+                t1, c1 = time.perf_counter(), time.process_time()
+                pk.add("compute", i, t1 - t0)
+                pk.add("cpu", i, c1 - c0)
+                self.tl.span("compute", t0, t1, 1 + i, block=k, step=s,
+                             cpu_s=round(c1 - c0, 6))
+                if s == 0:
+                    pk.put("wait", i, t_data[i])
+                if s == steps - 1:        # high-water marks: summed over steps once
+                    self._put_memory(i)
+                if len(y) and not math.isfinite(loss):
+                    pk.flag(1 + i, FLAG_NONFINITE)
+            self._at("allreduce")
+            t0, c0 = time.perf_counter(), time.process_time()
+            S = self._reduce_packed(work, k)
+            self.tl.span("allreduce", t0, time.perf_counter(), self._lane, block=k, step=s,
+                         cpu_s=round(time.process_time() - c0, 6))
+            self._check_flags(k)
+            g = S * np.float32(1.0 / n)
+            # same averaged gradient on every rank
+            self.opt.step(g if self.device_state else self._dev(g))
+            tot += pk.recv[self.P:pk.flags0]
+        self.z[...] = self._host(w0)
+        pk.recv[self.P:pk.flags0] = tot
+        return p, b, {"primal": 0.0, "dual": 0.0, "rho": 0.0,
+                      "lr": self.lr_at(k, 0.0, 1.0 / steps)}     # its first step's
+
+    def _warmup(self, steps):
+        """`steps` ssgd steps (gradient Allreduce per step) on each worker's
+        first minibatches of pass 0; every rank applies the same averaged
+        gradient, so all end at the same model; the consensus restarts there."""
+        P, n, pk = self.P, self.n_workers, self.packet
+        mbs = {i: self.loaders[i].load(0, 0) for i in self.local}
+        for s in range(steps):
+            pk.send.fill(0)
+            for i in self.local:
+                x, y = mbs[i][s % len(mbs[i])]
+                if len(y):
+                    self.model.loss_and_grad(x, y)
+                    pk.send[:P] += self._host(self.model.grads)
+            mpi.allreduce_sum(pk.send, pk.recv, self.comm)
+            self.opt.step(self._dev(pk.recv[:P] * np.float32(1.0 / n)))
+        self.opt.reset()
+        self.cons = self._new_consensus()
+        self.z = self.cons.z
+        self.log(f"warm-up: {steps} gradient-allreduce steps before block 0")

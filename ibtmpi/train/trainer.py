@@ -1,0 +1,351 @@
+"""The training driver: roles, wiring, and the block loop.
+
+World size N+1 under MPI: rank 0 is the master (holds z, evaluates, logs,
+writes the run directory, contributes zeros to the Allreduce), ranks 1..N
+are workers. A single process is worker 0 and master at once (the N = 1
+SGD baseline, same code path). ``run.simulate = N`` runs N logical workers
+in one process: the same per-worker code, their packed buffers summed in
+rank order instead of by MPI.
+
+Per block ONE packed Allreduce (packet.py; ``ssgd``: one per minibatch),
+then every rank applies the same consensus update. The parts, one concern
+each: steps.py (one block on this rank's workers), state.py (checkpoints,
+resume, model.init), master.py (rank 0's evaluation, metrics, reports),
+lifecycle.py (faults, time limit, signals, profile), entry.py (the launch
+and exit statuses). The algorithm, the optimizer and the layers come from
+their registries (consensus/, optim/, layers/); nothing here names one.
+Tests: tests/unit/test_trainer.py (simulator), tests/mpi/test_trainer_mpi.py.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+
+from .. import checkpoint as ckpt
+from .. import comm as mpi
+from .. import consensus, optim, runlock, timeline
+from ..config import ConfigError, digest, run_hash
+from ..dataset import Dataset
+from ..loader import WorkerData
+from ..model import Model
+from ..schedule import Schedule, split_size_for
+from . import lifecycle
+from .lifecycle import Deadline, Diverged, Faults, Preempted
+from .master import MasterReports
+from .packet import BlockPacket
+from .state import CheckpointState
+from .steps import BlockSteps
+
+
+class Trainer(BlockSteps, CheckpointState, MasterReports):
+    def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False):
+        """device_ops: a backend.GpuOps for the workers' compute (the master,
+        which has no worker, always stays on the host). gpu_buffers (from
+        backend.resolve_cuda_aware; real MPI runs with a GPU worker only):
+        the worker hands its device buffer to a CUDA-aware Allreduce;
+        otherwise that buffer is staged through pinned host memory. A GPU
+        worker under MPI keeps its consensus state on the GPU either way
+        (device_state)."""
+        self.t_created = time.time()     # older error files are an earlier job's
+        self.cfg, self.log = cfg, log
+        d, r = cfg["data"], cfg["run"]
+        self.algo = cfg["algorithm"]["name"]
+        self.A = consensus.get(self.algo)        # the algorithm's class
+        self._roles(int(r["simulate"]))
+        self.ds = Dataset(d["path"])
+        if r["early_stop"] and "val" not in self.ds.splits:
+            raise ConfigError(f"run.early_stop needs a val split; {d['path']} has "
+                              f"{', '.join(self.ds.splits)}")
+        n, tr = self.n_workers, self.ds.split("train")
+        split = split_size_for(d["block_size"] or None,
+                               d["split_size"] or (None if d["block_size"] else 512), n)
+        self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
+        self._wire_compute(device_ops, gpu_buffers)
+        self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
+                                      d["augment"], d["seed"], d["cache"])
+                        for i in self.local}
+        self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
+        self.lr_at = optim.LrSchedule(cfg["optim"], self.sched.blocks_per_pass, r["passes"])
+        self.z = (np.array(self._host(self.model.params)) if self.A.per_step
+                  else self.cons.z)
+        self._master_setup()
+        self.block, self.phase = -1, "setup"
+        self.stop_requested = self.stop_agreed = False
+        self.early_agreed = False        # every rank: stop after this block
+        self.tl = timeline.Off()         # run.timeline: this rank's trace events
+        self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]
+        self.stop_reason = "a signal"
+        # only the master watches the clock; the flags carry its stop to all
+        self.deadline = None
+        if self.rank == 0:
+            dl = Deadline(r["time_limit"])
+            self.deadline = dl if dl.at is not None else None
+        self.pending_ckpt = None         # block whose files await confirmation
+        self.pending_ok = False
+        self.init_note = ""              # model.init: where the start came from
+        self.run_dir = r["dir"]
+        self.cfg_hash = run_hash(cfg)
+        self.data_fp = digest(self.ds.meta)   # what the data is, wherever it lives
+        self.faults = Faults()
+
+    def _roles(self, simulate):
+        """Who this process is: n_workers, its local workers, master or not."""
+        size, rank = mpi.world_size(), mpi.world_rank()
+        self.simulate, self.comm = simulate, None
+        if simulate:                      # one process, whatever the world is
+            size, rank = 1, 0
+            self.comm = mpi.self_comm()
+            self.n_workers, self.local = simulate, list(range(simulate))
+        elif size == 1:
+            self.n_workers, self.local = 1, [0]
+        else:
+            self.n_workers = size - 1
+            self.local = [] if rank == 0 else [rank - 1]
+        self.rank, self.is_master = rank, rank == 0
+        n = self.n_workers
+        how = (f"this is --simulate {simulate}: drop it" if simulate else
+               f"this job has {n} workers: run it without mpiexec (or with -n 1)")
+        self.A.check_workers(n, how)
+
+    def _wire_compute(self, device_ops, gpu_buffers):
+        """Model, optimizer, consensus, worker states and the block packet.
+
+        Workers compute on the device when one is given. A GPU worker under
+        MPI keeps its consensus state (z, its dual) and the block's packed
+        buffer on its GPU (device_state) and updates z there; the MPI
+        library gets that buffer itself where it is CUDA-aware
+        (gpu_buffers), else a pinned host copy (P floats down and P up a
+        block). The master's state is on the host, and so is that of
+        simulated or single-process GPU workers (their w is staged through
+        a pinned host image); z is bitwise equal everywhere (consensus/).
+        Where a GPU worker's consensus was on the host, the update's NumPy
+        passes over P floats took as long as the block's compute (the H200
+        check: 64-79 ms against 53-58 ms)."""
+        cfg = self.cfg
+        h, w, c = self.ds.image_shape
+        self.dev = device_ops if self.local else None
+        self.device_state = bool(self.dev is not None and not self.simulate
+                                 and mpi.world_size() > 1)
+        self.gpu_buffers = bool(gpu_buffers and self.device_state)
+        self.model = Model(cfg["model"]["layers"], (c, h, w), self.ds.n_classes,
+                           seed=cfg["model"]["seed"], ops=self.dev)
+        self.opt = optim.make(cfg["optim"], self.model.params, ops=self.dev)
+        self.P = P = self.model.size
+        pinned = self.dev is not None and not self.gpu_buffers
+        host_empty = self.dev.pinned_empty if pinned else (lambda m: np.empty(m, np.float32))
+        # host image of a worker's w, where its consensus state is on the host
+        self._w_host = (host_empty(P) if self.dev is not None and not self.device_state
+                        else None)
+        self.cons = None if self.A.per_step else self._new_consensus()
+        zeros = self.dev.cp.zeros if self.device_state else np.zeros
+        self.states = ({} if self.cons is None else
+                       {i: self.cons.new_worker(P, self.model.dtype, zeros)
+                        for i in self.local})
+        # each local worker's optimizer state between its blocks (host)
+        self.opt_states = {i: {k: np.zeros(s, dt) for k, (s, dt) in
+                               self.opt.state_spec().items()} for i in self.local}
+        self.packet = BlockPacket(P, self.n_workers, host_empty,
+                                  self.dev.cp.zeros if self.device_state else None)
+
+    # -- helpers ------------------------------------------------------------
+    def _new_consensus(self):
+        """From the model's current parameters: on the GPU with device_state,
+        else on the host."""
+        a = self.cfg["algorithm"]
+        if self.device_state:
+            return consensus.Consensus(self.algo, self.model.params.copy(), self.n_workers,
+                                       a, to_host=self.dev.asnumpy)
+        # on the host its passes over P floats share the rank's BLAS threads
+        # (run.threads): the master's update bounds a block once GPU workers
+        # compute faster than it
+        from ..threads import current_blas_threads
+        return consensus.Consensus(self.algo, self._host(self.model.params),
+                                   self.n_workers, a, threads=current_blas_threads() or 1)
+
+    def _host(self, a):
+        return a if self.dev is None else self.dev.asnumpy(a)
+
+    def _put(self, dst, src):
+        """Copy host array src into dst (a host or, with device_state, a device
+        array)."""
+        if self.dev is None or not self.dev.on_device(dst):
+            np.copyto(dst, src)
+        else:
+            self.dev.to_device(src, dst)
+
+    def _dev(self, a):
+        return a if self.dev is None else self.dev.asarray(a)
+
+    def _at(self, phase):
+        """Enter a phase; raise the injected fault if it targets this point."""
+        self.phase = phase
+        self.faults.enter(self.rank, self.block, phase)
+
+    @property
+    def dist(self):
+        """Ranks in more than one process (collectives go over MPI)."""
+        return not (self.simulate or mpi.world_size() == 1)
+
+    def _placement(self):
+        """[(host, pid, BLAS threads, device, CPU ids)] of every rank, rank order: one
+        allgather at the start, for the start line and summary.json. It
+        also carries what every rank must share, checked here: the same
+        ibtmpi and numpy (every rank computes z itself from the reduced
+        sums), the same configuration and the same data (a config file
+        edited while the job started, a stale node-local copy of the data,
+        another venv on one node). A mismatch stops every rank with exit 2."""
+        import socket
+        from .. import __version__
+        from ..threads import current_blas_threads
+        dev = "-" if not self.local else (
+            "cpu" if self.dev is None else f"gpu {self.dev.device_id()}")
+        try:                        # the cores it may run on: a Slurm allocation's,
+            cpus = tuple(sorted(os.sched_getaffinity(0)))     # or one bound core
+        except AttributeError:                                # no affinity API (macOS)
+            cpus = tuple(range(os.cpu_count() or 1))
+        me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev, cpus)
+        ident = {"ibtmpi": __version__, "numpy": np.__version__,
+                 "configuration": self.cfg_hash, "dataset": self.data_fp}
+        got = mpi.allgather((me, ident)) if self.dist else [(me, ident)]
+        rows = [r for r, _ in got]
+        bad = [(i, k) for i, (_, other) in enumerate(got) for k in ident
+               if other.get(k) != got[0][1].get(k)]
+        if bad:
+            ranks = sorted({i for i, _ in bad})
+            what = sorted({k for _, k in bad})
+            i = ranks[0]
+            eg = ", ".join(f"{k} {got[i][1].get(k)} against {got[0][1].get(k)}" for k in what)
+            raise ConfigError(
+                f"the ranks do not agree at start: rank(s) {ranks} differ from rank 0 in "
+                f"{', '.join(what)} (rank {i} on {rows[i][0]}: {eg}). Every rank must run "
+                f"the same ibtmpi and numpy (one environment on a shared file system), "
+                f"read the same configuration and the same data")
+        return rows
+
+    def sharing(self):
+        """Worker processes on this rank's GPU (on the CPU: its node), itself
+        included; 1 before the start-up allgather or in one process."""
+        rows = getattr(self, "placement", None)
+        if not rows or len(rows) <= self.rank or not self.local:
+            return 1
+        host, dev = rows[self.rank][0], rows[self.rank][3]
+        return sum(1 for r in rows if r[0] == host and r[3] == dev)
+
+    # -- the run --------------------------------------------------------------
+    def run(self):
+        """Train to the end (or to a preemption); the master holds the run
+        directory (runlock) from before it reads the checkpoints to the end."""
+        lock = runlock.acquire(self.run_dir) if self.is_master else None
+        if lock is not None and lock.took_over:
+            self.log(f"took over {lock.path}: {lock.took_over}")
+        if lock is not None:
+            lifecycle.retire_errors(self.run_dir, self.t_created)
+        prof = lifecycle.start_profile(self.cfg["run"]["profile"])
+        try:
+            return self._run()
+        finally:
+            if prof is not None:
+                lifecycle.write_profile(prof, self.run_dir, self.rank, self.block,
+                                        self.phase)
+            if lock is not None:
+                lock.release()
+
+    def _start(self):
+        """Placement, resume point, run directory, reports: (the block to
+        start from, this job's timeline segment or None)."""
+        r = self.cfg["run"]
+        self.placement = self._placement()
+        start = self.start = self._restore()
+        if self.is_master and start:
+            self._read_history(start)
+        # a run that stopped early (run.early_stop) and is run again: its
+        # last checkpoint is the stop block, nothing is left to train
+        done = self.is_master and self.early is not None and self.early[0] < start
+        # run.timeline: the master names this job's segment before the bcast,
+        # so no rank has opened its file when a fresh start clears old ones
+        seg = (timeline.new_segment(self.run_dir, start)
+               if self.is_master and r["timeline"] and not done else None)
+        if self.dist:
+            done, seg = mpi.bcast((done, seg))
+        if done:
+            self.total_blocks = start
+            self.early_agreed = True
+        if self.is_master:
+            self._open_run_dir(start)
+        self._start_reports(start)
+        return start, seg
+
+    def _warm_up_and_trace(self, start, seg):
+        """algorithm.warmup_steps before block 0; run.timeline's files."""
+        warm = self.cfg["algorithm"]["warmup_steps"]
+        if warm and not self.A.per_step and not start:
+            self.opt.lr = self.lr_at(0)
+            self._warmup(warm)
+        if seg is not None:
+            role = "master" if self.is_master else f"worker {self.local[0]}"
+            self.tl = timeline.Timeline(
+                self.run_dir, seg, self.rank, f"rank {self.rank} ({role})",
+                {**({0: "master"} if self.is_master else {}),
+                 **{1 + i: f"worker {i}" for i in self.local}})
+
+    def _run(self):
+        start, seg = self._start()
+        t_start, cpu_start = time.perf_counter(), time.process_time()
+        calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
+        images = 0
+        step_fn = self._block_ssgd if self.A.per_step else self._block_algo
+        self._warm_up_and_trace(start, seg)
+        old = lifecycle.install_stop_handlers(self)
+        try:
+            for k in range(start, self.total_blocks):
+                self.block = k
+                self.opt.lr = self.lr_at(k)
+                t0 = time.perf_counter()
+                p, b, diag = step_fn(k, self._work)
+                self._finish_eval()     # whatever the wait did not finish
+                rec = self._record(k, p, b, diag, time.perf_counter() - t0)
+                images += rec["samples"]
+                if not np.isfinite(self.z).all():
+                    raise Diverged(f"block {k}: the consensus model z is not finite; "
+                                   f"the last good checkpoint is kept. Lower optim.lr "
+                                   f"or raise algorithm.rho")
+                if self.early_agreed:     # run.early_stop: this block is the last
+                    self.total_blocks = k + 1
+                last = k + 1 == self.total_blocks
+                if self.is_master:
+                    self._report_block(k, p, b, rec, last)
+                if self.deadline is not None and not (last or self.stop_requested):
+                    if self.deadline.due(rec["wall_s"], self.log):
+                        self.stop_requested = True
+                        self.stop_reason = f"the time limit ({self.deadline.source})"
+                self._maybe_checkpoint(k, last)
+                if self.early_agreed:
+                    break
+                if self.stop_agreed and not last:
+                    self._end_timeline()
+                    raise Preempted(f"stopped by {self.stop_reason} after block {k}; "
+                                    f"checkpoint {ckpt.ckpt_dir(self.run_dir, k)} written; "
+                                    f"run the same command again to resume")
+            self._end_timeline()
+        finally:
+            self.tl.close()
+            lifecycle.restore_handlers(old)
+            self._close_reports()
+            for ld in self.loaders.values():
+                ld.close()
+        return self._finish(t_start, cpu_start, calls0, bytes0, images)
+
+    def _maybe_checkpoint(self, k, last):
+        every = self.cfg["run"]["checkpoint_every"] or self.sched.blocks_per_pass
+        if (k + 1) % every == 0 or last or self.stop_agreed:
+            self._finish_eval()            # metrics line k before checkpoint k
+            tc = time.perf_counter()
+            self._checkpoint(k)
+            t1 = time.perf_counter()
+            if self.deadline is not None:
+                self.deadline.ckpt_s = max(self.deadline.ckpt_s, t1 - tc)
+            self.tl.span("checkpoint", tc, t1, self._lane, block=k)
+        self.tl.flush()

@@ -1,11 +1,20 @@
 """A sequential CNN built from a layer list, with ALL parameters in one flat
-vector and all gradients in another.
+vector, all gradients in another and all non-parameter buffers in a third.
 
 ``Model.params`` (P,) and ``Model.grads`` (P,) are contiguous; each layer
 holds views into them (weight then bias, layer by layer), so optimizers,
-the consensus algorithms and MPI each see one buffer. Input is NCHW float.
-Tests: tests/unit/test_model.py (flat gradient vs finite differences,
-determinism, training reaches a stated accuracy).
+the consensus algorithms and MPI each see one buffer. ``Model.buffers``
+(``n_buffers``,) float32, on the params' device, holds the layers'
+non-parameter state (BatchNorm's running mean/variance; no layer has any
+yet, so it is empty) as views bound the same way (``Layer.bind_buffers``):
+not trained and not in the gradient; the trainer carries it in the block's
+ONE packed Allreduce right after the model part, averaged as DESIGN.md
+section 9 says. Input is NCHW float. The layer kinds, their spec keys and
+defaults, how each builds, initialises and exports itself live in the
+registry ``ibtmpi.layers.LAYERS``: nothing here names a layer kind. Tests:
+tests/unit/test_model.py (flat gradient vs finite differences, determinism,
+spec errors, training reaches a stated accuracy),
+tests/unit/test_layer_registry.py (a plug-in layer and its buffers).
 
 Layer specs (config ``model.layers``) are dicts or bare names:
 ``{type="conv", out=32, k=3, stride=1, pad=1}``, ``"relu"``,
@@ -19,8 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .layers import (Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU, fuse_for_device,
-                     he_std)
+from .layers import commute_relu_pool, fuse_for_device, plan_phase_out, spec_entry
 
 PRESETS = {
     # conv3x3(3->32)+relu+pool2, conv3x3(32->64)+relu+pool2,
@@ -44,48 +52,9 @@ PRESETS = {
     ],
 }
 
-_LAYER_KEYS = {
-    "conv": {"out", "k", "stride", "pad"},
-    "maxpool": {"k", "stride"},
-    "relu": set(), "flatten": set(),
-    "linear": {"out"},
-    "dropout": {"p"},
-}
-
-
-def _spec_entry(entry, idx):
-    if isinstance(entry, str):
-        entry = {"type": entry}
-    if not isinstance(entry, dict) or "type" not in entry:
-        raise ValueError(f"model.layers[{idx}]: expected a name or a table "
-                         f"with a 'type', got {entry!r}")
-    kind = entry["type"]
-    if kind not in _LAYER_KEYS:
-        raise ValueError(f"model.layers[{idx}]: unknown layer type {kind!r}; "
-                         f"known: {', '.join(sorted(_LAYER_KEYS))}")
-    extra = set(entry) - _LAYER_KEYS[kind] - {"type"}
-    if extra:
-        raise ValueError(f"model.layers[{idx}] ({kind}): unknown key(s) "
-                         f"{sorted(extra)}; allowed: {sorted(_LAYER_KEYS[kind])}")
-    return kind, entry
-
-
-def _commute_relu_pool(spec):
-    """relu -> maxpool runs as maxpool -> relu: both are monotone, so the
-    outputs and gradients are identical (ReLU's gradient at 0 is 0 in both
-    orders), and the ReLU then touches k*k times fewer elements."""
-    out = list(spec)
-    for i in range(len(out) - 1):
-        a, b = out[i], out[i + 1]
-        a_t = a if isinstance(a, str) else a.get("type")
-        b_t = b if isinstance(b, str) else b.get("type")
-        if a_t == "relu" and b_t == "maxpool":
-            out[i], out[i + 1] = b, a
-    return out
-
-
 def build_layers(spec, input_shape, n_classes):
-    """Instantiate layers from a spec list; returns (layers, shapes)."""
+    """Instantiate layers from a spec list; returns (layers, shapes), with
+    shapes[i + 1] the per-sample output shape of layers[i]."""
     if isinstance(spec, str):
         if spec not in PRESETS:
             raise ValueError(f"unknown model preset {spec!r}; "
@@ -93,57 +62,42 @@ def build_layers(spec, input_shape, n_classes):
         spec = PRESETS[spec]
     if not isinstance(spec, (list, tuple)) or not spec:
         raise ValueError("model.layers must be a preset name or a non-empty list")
-    spec = _commute_relu_pool(spec)
+    spec = commute_relu_pool(spec)
     shape = tuple(int(s) for s in input_shape)
     layers, shapes = [], [shape]
     for idx, entry in enumerate(spec):
-        kind, e = _spec_entry(entry, idx)
-        if kind == "conv":
-            if len(shape) != 3:
-                raise ValueError(f"model.layers[{idx}]: conv needs (C, H, W) "
-                                 f"input, got {shape}")
-            k = int(e.get("k", 3))
-            layer = Conv2d(shape[0], int(e["out"]), k, int(e.get("stride", 1)),
-                           int(e["pad"]) if "pad" in e else None)
-        elif kind == "maxpool":
-            layer = MaxPool2d(int(e.get("k", 2)),
-                              int(e["stride"]) if "stride" in e else None)
-        elif kind == "relu":
-            layer = ReLU()
-            layer.inplace = idx > 0
-        elif kind == "flatten":
-            layer = Flatten()
-        elif kind == "linear":
-            if len(shape) != 1:
-                layers.append(Flatten())   # implicit flatten before linear
-                shape = Flatten().out_shape(shape)
-                shapes.append(shape)
-            out = e.get("out", n_classes)
-            layer = Linear(shape[0], n_classes if out == "classes" else int(out))
-        else:
-            layer = Dropout(float(e.get("p", 0.5)))
-        try:
-            shape = layer.out_shape(shape)
-        except ValueError as err:
-            raise ValueError(f"model.layers[{idx}] ({kind}): {err}") from None
-        layers.append(layer)
-        shapes.append(shape)
-    first = next((l for l in layers if l.param_shapes()), None)
-    for layer, nxt, out in zip(layers, layers[1:], shapes[1:]):
-        if (isinstance(layer, Conv2d) and isinstance(nxt, MaxPool2d)
-                and nxt.k == 2 and nxt.stride == 2
-                and out[1] % 2 == 0 and out[2] % 2 == 0):
-            # host fast path, see layers.Conv2d; the first parameter layer
-            # never computes an input gradient
-            layer.phase_out = "quads" if layer is first else "rows"
+        cls, e = spec_entry(entry, idx)
+        for layer in cls.from_spec(e, shape, n_classes, idx):
+            try:
+                shape = layer.out_shape(shape)
+            except ValueError as err:
+                raise ValueError(f"model.layers[{idx}] ({cls.kind}): {err}") from None
+            layers.append(layer)
+            shapes.append(shape)
+    plan_phase_out(layers, shapes)
     if shape != (n_classes,):
         raise ValueError(f"the model's last layer gives {shape}, expected "
                          f"({n_classes},) logits; end with a linear layer")
     return layers, shapes
 
 
+def _views(li, names, shapes, off, slices, *flats):
+    """Views of consecutive `shapes` from offset `off` on, in each of the
+    flat vectors `flats` (one list each); appends (li, name, slice) to
+    `slices`; returns (the lists, the offset after them)."""
+    views = [[] for _ in flats]
+    for j, s in enumerate(shapes):
+        n = int(np.prod(s))
+        for v, flat in zip(views, flats):
+            v.append(flat[off:off + n].reshape(s))
+        slices.append((li, names[j] if j < len(names) else f"#{j}", slice(off, off + n)))
+        off += n
+    return views, off
+
+
 class Model:
-    """Sequential CNN over one flat parameter vector.
+    """Sequential CNN over one flat parameter vector (and one flat buffer
+    vector, see the module docstring).
 
     input_shape: per-sample (C, H, W); n_classes: logits width.
     """
@@ -162,51 +116,47 @@ class Model:
         self.spec = spec
         self.layers, self.shapes = build_layers(spec, self.input_shape,
                                                 self.n_classes)
-        sizes = [int(np.prod(s)) for l in self.layers for s in l.param_shapes()]
-        self.size = int(sum(sizes))
+        self.size = sum(int(np.prod(s)) for l in self.layers for s in l.param_shapes())
         self.params = self.xp.zeros(self.size, self.dtype)   # (P,)
         self.grads = self.xp.zeros(self.size, self.dtype)    # (P,)
-        self.slices = []          # (layer index, name, slice) for reporting
-        off = 0
+        self.n_buffers = sum(int(np.prod(s)) for l in self.layers
+                             for s in l.buffer_shapes())
+        self.buffers = self.xp.zeros(self.n_buffers, np.float32)   # (n_buffers,)
+        self.slices = []          # (layer index, name, slice) of params, for reporting
+        self.buffer_slices = []   # (layer index, name, slice) of buffers
+        p_off = b_off = 0
         for li, layer in enumerate(self.layers):
-            pv, gv = [], []
-            for name, s in zip(("weight", "bias"), layer.param_shapes()):
-                n = int(np.prod(s))
-                pv.append(self.params[off:off + n].reshape(s))
-                gv.append(self.grads[off:off + n].reshape(s))
-                self.slices.append((li, name, slice(off, off + n)))
-                off += n
+            (pv, gv), p_off = _views(li, layer.param_names, layer.param_shapes(), p_off,
+                                     self.slices, self.params, self.grads)
             layer.bind(pv, gv)
+            (bv,), b_off = _views(li, layer.buffer_names, layer.buffer_shapes(), b_off,
+                                  self.buffer_slices, self.buffers)
+            layer.bind_buffers(bv)
             if ops is not None:
                 layer.ops = ops
         if ops is not None:
             fuse_for_device(self.layers)
         self.init(seed)
 
-    # -- parameters -------------------------------------------------------
+    # -- parameters ---------------------------------------------------------
     def init(self, seed):
-        """He-normal weights (std sqrt(2/fan_in)), zero biases; bitwise
+        """Each layer draws its parameters from one generator, in layer order
+        (He-normal weights, zero biases: Layer.init_params), resets its
+        buffers and reseeds its own generator (dropout); bitwise
         reproducible for a given seed and dtype."""
         rng = np.random.default_rng(seed)
-        for li, layer in enumerate(self.layers):
-            if not layer.param_shapes():
-                continue
-            w, b = layer.params
-            # drawn on the host in float64 for every backend: same init everywhere
-            vals = rng.standard_normal(w.shape, dtype=np.float64).astype(
-                self.dtype) * self.dtype.type(he_std(layer))
-            w[...] = vals if self.xp is np else self.xp.asarray(vals)
-            b[...] = 0
         for layer in self.layers:
-            if isinstance(layer, Dropout):
-                layer.rng = np.random.default_rng([seed, 1])
+            layer.init_params(rng, self.dtype)
+            layer.init_buffers()
+        for layer in self.layers:
+            layer.seed_rng([seed, 1])
 
     def set_dropout_seed(self, seed):
-        """Reseed dropout (per block and worker: no RNG state to checkpoint)."""
+        """Reseed the layers' own generators (dropout), per block and worker:
+        no RNG state to checkpoint."""
         base = [int(s) for s in np.atleast_1d(seed)]
         for i, layer in enumerate(self.layers):
-            if isinstance(layer, Dropout):
-                layer.rng = np.random.default_rng(base + [i])
+            layer.seed_rng(base + [i])
 
     def summary(self):
         lines = []
@@ -218,14 +168,12 @@ class Model:
         return "\n".join(lines)
 
     def train_flops_per_sample(self):
-        """FLOPs of forward + backward: each GEMM layer costs its forward
-        FLOPs once more for the weight gradient and once more for the input
-        gradient, except the first such layer (no input gradient)."""
-        fwd = [2 * int(np.prod(shape)) * layer.fan_in()
-               if isinstance(layer, Conv2d) else
-               2 * layer.in_features * layer.out_features
-               for layer, shape in zip(self.layers, self.shapes[1:])
-               if isinstance(layer, (Conv2d, Linear))]
+        """FLOPs of forward + backward: each GEMM layer (Layer.flops > 0)
+        costs its forward FLOPs once more for the weight gradient and once
+        more for the input gradient, except the first such layer (no input
+        gradient)."""
+        fwd = [f for f in (layer.flops(shape)
+                           for layer, shape in zip(self.layers, self.shapes[1:])) if f]
         return 3 * sum(fwd) - (fwd[0] if fwd else 0)
 
     # -- compute ------------------------------------------------------------

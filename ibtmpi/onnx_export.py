@@ -2,16 +2,15 @@
 
 Graph: input ``image`` float32 (N, C, H, W), RAW pixel values 0..255, RGB,
 NCHW; the training normalisation is folded in as Sub(mean) and Div(std);
-then Conv / MaxPool / Relu / Flatten / Gemm nodes in the model's layer order
-(dropout is the identity at inference); outputs ``logits`` (N, K) and
-``probs`` = Softmax(logits). Opset 17. Test: tests/unit/test_outputs.py runs
+then each layer's own node(s) in the model's layer order (``Layer.onnx``
+in ibtmpi/layers/: Conv, MaxPool, Relu, Flatten, Gemm; dropout is the
+identity at inference); outputs ``logits`` (N, K) and ``probs`` =
+Softmax(logits). Opset 17. Test: tests/unit/test_outputs.py runs
 onnxruntime on it against our own forward.
 """
 from __future__ import annotations
 
 import numpy as np
-
-from .layers import Conv2d, Dropout, Flatten, Linear, MaxPool2d, ReLU
 
 
 IR_VERSION = 8
@@ -32,30 +31,9 @@ def build(trained):
     cur = "x0"
     for i, layer in enumerate(m.layers):
         out = f"x{i + 1}"
-        if isinstance(layer, Conv2d):
-            w, b = layer.params
-            inits += [numpy_helper.from_array(np.ascontiguousarray(w), f"W{i}"),
-                      numpy_helper.from_array(np.ascontiguousarray(b), f"B{i}")]
-            nodes.append(helper.make_node(
-                "Conv", [cur, f"W{i}", f"B{i}"], [out], kernel_shape=[layer.k, layer.k],
-                pads=[layer.pad] * 4, strides=[layer.stride] * 2))
-        elif isinstance(layer, MaxPool2d):
-            nodes.append(helper.make_node("MaxPool", [cur], [out],
-                                          kernel_shape=[layer.k, layer.k],
-                                          strides=[layer.stride] * 2))
-        elif isinstance(layer, ReLU):
-            nodes.append(helper.make_node("Relu", [cur], [out]))
-        elif isinstance(layer, Flatten):
-            nodes.append(helper.make_node("Flatten", [cur], [out], axis=1))
-        elif isinstance(layer, Linear):
-            w, b = layer.params
-            inits += [numpy_helper.from_array(np.ascontiguousarray(w), f"W{i}"),
-                      numpy_helper.from_array(np.ascontiguousarray(b), f"B{i}")]
-            nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"B{i}"], [out], transB=1))
-        elif isinstance(layer, Dropout):
-            nodes.append(helper.make_node("Identity", [cur], [out]))
-        else:
-            raise RuntimeError(f"ONNX export: no mapping for layer {layer.describe()}")
+        more_nodes, more_inits = layer.onnx(cur, out, i, helper, numpy_helper)
+        nodes += more_nodes
+        inits += more_inits
         cur = out
     nodes.append(helper.make_node("Identity", [cur], ["logits"]))
     nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=1))

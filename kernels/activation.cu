@@ -1,4 +1,4 @@
-// ReLU. NumPy twins: ibtmpi/ops.py relu_forward / relu_backward.
+// ReLU. NumPy twins: ibtmpi/ops/activation.py relu_forward / relu_backward.
 
 // y = max(x, 0); y may alias x.
 extern "C" __global__ void relu_fwd(const float* x, float* y, long long n)

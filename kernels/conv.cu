@@ -1,5 +1,5 @@
 // Convolution helpers: im2col / col2im and the bias add / bias gradient.
-// NumPy twins: ibtmpi/ops.py im2col, col2im (reference), conv2d_forward's
+// NumPy twins: ibtmpi/ops/conv.py im2col, col2im (reference), conv2d_forward's
 // bias add on the (F, N*Ho*Wo) GEMM output, conv2d_backward's db.
 // The GEMMs themselves go through cuBLAS (cupy.matmul).
 // All loops are grid-stride, so any launch geometry is correct.

@@ -1,5 +1,5 @@
 // Fused local optimizer step over the flat parameter vector.
-// NumPy twin: ibtmpi/optim.py sgd_update (the SGD class with the ADMM prox
+// NumPy twin: ibtmpi/optim/sgd.py sgd_update (the SGD class with the ADMM prox
 // hook computes the same thing; a test checks both).
 //   g' = g + wd*w + (has_prox ? rho*(w - c + u) : 0)
 //   v  = mu*v + g'

@@ -1,5 +1,5 @@
 // Max-pool over k x k windows with stride s, no padding.
-// NumPy twins: ibtmpi/ops.py maxpool_forward / maxpool_backward.
+// NumPy twins: ibtmpi/ops/pool.py maxpool_forward / maxpool_backward.
 // y, dy and argmax (N, C, Ho, Wo) are NCHW contiguous; x (forward) and dx
 // (backward) are NCHW contiguous when cnhw == 0, and physically (C, N, H, W)
 // when cnhw == 1: the layout a conv's GEMM produces and its backward GEMM
@@ -7,7 +7,7 @@
 // argmax (N, C, Ho, Wo) uint8 = window offset i*k + j of the FIRST maximum
 // in row-major scan order (strict '>': ties go to the lowest offset).
 // Fused on the GPU for conv -> pool -> relu (the model's order, see
-// model._commute_relu_pool): with has_bias, x is the conv's GEMM output
+// layers/fuse.py commute_relu_pool): with has_bias, x is the conv's GEMM output
 // WITHOUT its bias and the forward adds bias[c] to each value it compares
 // (the values, maxima and argmax of pooling the biased output); with relu
 // the forward outputs relu(max) and the backward passes dy only where that

@@ -1,5 +1,5 @@
 // Softmax cross-entropy, numerically stable (shifted by the row max).
-// NumPy twins: ibtmpi/ops.py softmax_xent_forward / softmax_xent_backward
+// NumPy twins: ibtmpi/ops/softmax_xent.py softmax_xent_forward / softmax_xent_backward
 // (softmax_xent_train: both, and argmax(probs) == labels).
 // logits, probs, dlogits: (N, K) row-major; labels: (N,) int64.
 

@@ -90,7 +90,7 @@ class Prox:
 
 def make(o, params, ops=None):
     """The optimizer optim.name names, built from the [optim] section."""
-    name = o.get("name", "sgd")
+    name = o["name"]
     if name not in OPTIMIZERS:
         raise ValueError(f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     return OPTIMIZERS[name].from_config(o, params, ops)

@@ -1,4 +1,4 @@
-"""ops.py against independent oracles: naive loops, scipy.signal, and
+"""ibtmpi/ops/ against independent oracles: naive loops, scipy.signal, and
 central finite differences in float64."""
 import numpy as np
 import pytest

@@ -1,0 +1,88 @@
+"""The 2-D convolution layer (spec ``{type="conv", out=32, k=3, stride=1,
+pad=1}``; pad omitted = k // 2) over ibtmpi/ops/conv.py (NumPy) or
+backend.GpuOps (kernels/conv.cu + cuBLAS). Weights (F, C, k, k), bias (F,),
+He-normal init. Tests: tests/unit/test_ops.py (the op against naive loops,
+scipy and finite differences), tests/unit/test_model.py (in a model).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from .base import REQUIRED, Layer, he_normal, register
+
+
+@register
+class Conv2d(Layer):
+    kind = "conv"
+    keys = {"out": REQUIRED, "k": 3, "stride": 1, "pad": None}
+
+    def __init__(self, in_ch, out_ch, k=3, stride=1, pad=None):
+        super().__init__()
+        self.in_ch, self.out_ch, self.k, self.stride = in_ch, out_ch, k, stride
+        self.pad = k // 2 if pad is None else pad
+
+    @classmethod
+    def from_spec(cls, entry, in_shape, n_classes, idx):
+        v = cls.spec_values(entry, idx)
+        if len(in_shape) != 3:
+            raise ValueError(f"model.layers[{idx}]: conv needs (C, H, W) "
+                             f"input, got {in_shape}")
+        return [cls(in_shape[0], int(v["out"]), int(v["k"]), int(v["stride"]),
+                    None if v["pad"] is None else int(v["pad"]))]
+
+    def param_shapes(self):
+        return [(self.out_ch, self.in_ch, self.k, self.k), (self.out_ch,)]
+
+    def fan_in(self):
+        return self.in_ch * self.k * self.k
+
+    def out_shape(self, in_shape):
+        c, h, w = in_shape
+        if c != self.in_ch:
+            raise ValueError(f"conv expects {self.in_ch} input channels, got {c}")
+        return (self.out_ch,
+                ops.conv_out_size(h, self.k, self.stride, self.pad),
+                ops.conv_out_size(w, self.k, self.stride, self.pad))
+
+    def init_params(self, rng, dtype):
+        he_normal(self, rng, dtype)
+
+    def flops(self, out_shape):
+        return 2 * int(np.prod(out_shape)) * self.fan_in()
+
+    # Set by layers/fuse.py plan_phase_out on a conv followed by a
+    # 2x2/stride-2 max-pool with an even output: on the host the conv then
+    # hands the pool a phase array (ops.conv2d_forward), "quads" when no
+    # input gradient is needed (the pool is fastest on it, the input
+    # gradient slowest), else "rows".
+    phase_out = None
+    # Set by fuse_for_device: the max-pool that follows adds the bias.
+    bias_in_pool = False
+
+    def forward(self, x, train):
+        self.x_shape = x.shape
+        if self.phase_out and self.on_host:
+            y, self.col = ops.conv2d_forward(x, self.params[0], self.params[1],
+                                             self.stride, self.pad, ws=self.ws,
+                                             phase=self.phase_out)
+            return y
+        y, self.col = self.ops.conv2d_forward(
+            x, self.params[0], None if self.bias_in_pool else self.params[1],
+            self.stride, self.pad, ws=self.ws)
+        return y
+
+    def backward(self, dy, need_dx=True):
+        return self.ops.conv2d_backward(dy, self.col, self.x_shape, self.params[0],
+                                   self.stride, self.pad, self.grads[0],
+                                   self.grads[1], need_dx, ws=self.ws)
+
+    def onnx(self, inp, out, i, helper, numpy_helper):
+        node = helper.make_node(
+            "Conv", [inp, f"W{i}", f"B{i}"], [out], kernel_shape=[self.k, self.k],
+            pads=[self.pad] * 4, strides=[self.stride] * 2)
+        return [node], self._onnx_weights(i, numpy_helper)
+
+    def describe(self):
+        return (f"conv{self.k}x{self.k}({self.in_ch}->{self.out_ch}, "
+                f"stride {self.stride}, pad {self.pad})")

@@ -1,0 +1,71 @@
+"""The max-pool layer (spec ``{type="maxpool", k=2, stride=2}``; stride
+omitted = k) over ibtmpi/ops/pool.py (NumPy, with the host phase-array fast
+path after a conv) or backend.GpuOps (kernels/pool.cu, where it may also add
+the conv's bias and apply the following ReLU: layers/fuse.py). Tests:
+tests/unit/test_ops.py (naive loops, finite differences),
+tests/unit/test_launchers_host.py (the fused path).
+"""
+from __future__ import annotations
+
+from .. import ops
+from .base import Layer, register
+
+
+@register
+class MaxPool2d(Layer):
+    kind = "maxpool"
+    keys = {"k": 2, "stride": None}
+
+    def __init__(self, k=2, stride=None):
+        super().__init__()
+        self.k = k
+        self.stride = k if stride is None else stride
+        self.bias = None        # fuse_for_device: the conv's bias, added here
+        self.relu = False       # fuse_for_device: the ReLU that follows, applied here
+
+    @classmethod
+    def from_spec(cls, entry, in_shape, n_classes, idx):
+        v = cls.spec_values(entry, idx)
+        return [cls(int(v["k"]), None if v["stride"] is None else int(v["stride"]))]
+
+    def out_shape(self, in_shape):
+        c, h, w = in_shape
+        return (c, ops.conv_out_size(h, self.k, self.stride, 0),
+                ops.conv_out_size(w, self.k, self.stride, 0))
+
+    def forward(self, x, train):
+        self.phase = x.ndim          # 5, 6: a conv's phase array (host only)
+        if self.phase > 4:
+            self.x_shape = ops.phase_plain_shape(x)
+            fwd = (ops.maxpool2_rows_forward if self.phase == 5
+                   else ops.maxpool2_quads_forward)
+            y, self.argmax = fwd(x, ws=self.ws)
+            return y
+        self.x_shape = x.shape
+        self.x_cnhw = ops.is_cnhw(x)
+        fused = {} if self.bias is None and not self.relu else \
+            {"bias": self.bias, "relu": self.relu}             # GPU only
+        y, self.argmax = self.ops.maxpool_forward(x, self.k, self.stride, ws=self.ws,
+                                                  **fused)
+        self.y = y if self.relu else None
+        return y
+
+    def backward(self, dy, need_dx=True):
+        if self.phase > 4:
+            bwd = (ops.maxpool2_rows_backward if self.phase == 5
+                   else ops.maxpool2_quads_backward)
+            return bwd(dy, self.argmax, ws=self.ws)
+        # dx gets the same memory layout as x had: when x was a conv output
+        # (an NCHW view of a (C, N, H, W) buffer), the conv's backward then
+        # reads dx without a transpose copy.
+        out = self._scratch("dx", self.x_shape, dy.dtype, self.x_cnhw)
+        fused = {"y": self.y} if self.relu else {}
+        return self.ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
+                                         self.stride, out=out, **fused)
+
+    def onnx(self, inp, out, i, helper, numpy_helper):
+        return [helper.make_node("MaxPool", [inp], [out], kernel_shape=[self.k, self.k],
+                                 strides=[self.stride] * 2)], []
+
+    def describe(self):
+        return f"maxpool{self.k}(stride {self.stride})"

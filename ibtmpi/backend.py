@@ -7,7 +7,7 @@ gpu is asked for and a worker has none; ``select`` does it for one
 process. ``GpuOps`` launches the hand-written kernels of kernels/*.cu
 (compiled once per process by CuPy's RawModule, cached on
 disk by CuPy) with the exact signatures of the NumPy reference ops in
-ibtmpi/ops/, optim.py, consensus.py; GEMMs go through cupy.matmul (cuBLAS).
+ibtmpi/ops/, optim/ and consensus/; GEMMs go through cupy.matmul (cuBLAS).
 ``worker_device`` binds a worker rank to a GPU: its rank among the workers
 of its node, modulo the visible devices. ``resolve_cuda_aware`` decides
 where a GPU worker's block buffers live (run.cuda_aware = auto | on | off).

@@ -27,9 +27,13 @@ import sys
 import time
 
 from . import launcher
+from .consensus import ALGORITHMS
 from .monitor import STARVED_SHARE, starved_workers
 
-ALGOS = ("sgd", "ssgd", "ma", "admm", "bmuf", "ibt", "easgd")
+ALGOS = tuple(ALGORITHMS)          # every registered algorithm, in registration order
+BASELINE = "sgd"                   # the N = 1 run every speedup and target is against
+METHOD = "ibt"                     # the paper's improved method: the targets are its
+FIXED_BLOCK_PAIR = ("admm", "ibt")  # T2, the paper's "traditional" vs "improved" ADMM
 
 
 # -- run ---------------------------------------------------------------------
@@ -112,15 +116,15 @@ def run(out_dir, data, ns=(1, 2, 4, 8), algos=ALGOS, passes=3.0, split=256, batc
     jobs = []
     for algo in algos:
         for n in ns:
-            if (algo == "sgd") != (n == 1):
+            if ALGORITHMS[algo].single_worker != (n == 1):
                 continue
             jobs.append((f"t1-{algo}-{n}", algo, n, common + [f"data.split_size={split}"],
                          n <= mpi_max))
     if fixed_block:
         fixed = common + [f"data.block_size={fixed_block}"]
-        jobs.append(("t2-sgd-1", "sgd", 1, fixed, False))
+        jobs.append((f"t2-{BASELINE}-1", BASELINE, 1, fixed, False))
         jobs += [(f"t2-{algo}-{n}", algo, n, fixed, False)
-                 for algo in ("admm", "ibt") for n in fixed_ns]
+                 for algo in FIXED_BLOCK_PAIR for n in fixed_ns]
     jobs = [(name + (f"-s{sd}" if sd else ""), algo, n,
              sets + ([f"model.seed={sd}", f"data.seed={sd}"] if sd else []), mpi)
             for name, algo, n, sets, mpi in jobs for sd in range(seeds)]
@@ -274,6 +278,7 @@ def paired_gap(base_dir, other_dir, data, split="test"):
 
 
 def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
+    """report.md (tables T1-T3, targets, failed runs, plots) and report.json."""
     runs = [r for r in (load_run(d) for d in run_dirs) if r is not None]
     if not runs:
         raise ValueError("no finished run directories given (each needs summary.json)")
@@ -287,21 +292,10 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     md += [f"machine: {m['processor']}, {m['cpus']} CPUs; {m['platform']}; Python "
            f"{m['python']}; MPI: {m['mpi']}; ibtmpi {m['ibtmpi']}, commit "
            f"{m['git_commit']}", ""]
-
-    def table(rows, title):
-        ns = sorted({r["N"] for r in rows})
-        algos = [a for a in ALGOS if any(r["algorithm"] == a for r in rows)]
-        out = [f"## {title}", "", "| algorithm | " + " | ".join(f"N={n}" for n in ns) + " |",
-               "|---|" + "---|" * len(ns)]
-        for a in algos:
-            cells = [_cell([r for r in rows if r["algorithm"] == a and r["N"] == n])
-                     for n in ns]
-            out.append(f"| {a} | " + " | ".join(cells) + " |")
-        return out + [""]
-    md += table(t1, "T1: test accuracy vs N")
+    md += _accuracy_table(t1, "T1: test accuracy vs N")
     if t2:
-        md += table(t2, f"T2: fixed block of {t2[0].get('block_size', '?')} samples, "
-                        f"split = block / N")
+        md += _accuracy_table(t2, f"T2: fixed block of {t2[0].get('block_size', '?')} "
+                                  f"samples, split = block / N")
     if len(_first_seed(runs)) < len(runs):             # some cell has several seeds
         md += ["Cells with n: mean +- standard deviation over seeds (model.seed = "
                "data.seed = s: another initialisation and another data order).", ""]
@@ -309,11 +303,48 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     every = [r for r in t1 if not r["diverged"]]
     ok = _first_seed(every)
     base = next((r for r in ok if r["N"] == 1), None)
-    md += ["## T3: time per pass, throughput, communication", "",
-           "| run | mode | wall s/pass | speedup (wall) | critical-path s/pass | speedup "
-           "(critical path) | worker compute s/pass: wall, CPU (share) | "
-           "worker img/s in compute (mean +- 1.96 sd) | Allreduce calls/pass | "
-           "MiB/pass | rank 0 CPU (outside eval) |", "|---|" + "---|" * 10]
+    md += _time_table(ok, base)
+    md += _targets(ok, every, base, target_pt, holdout)
+    md += _failed_runs(run_dirs)
+    from .outputs import NoPlotting
+    try:
+        files = _plots(ok, out_dir)
+        md += ["", "## Plots", ""] + [f"![{os.path.basename(f)}]({os.path.basename(f)})"
+                                      for f in files]
+    except NoPlotting as e:
+        files = []
+        md += ["", f"(no plots: {e})"]
+    text = "\n".join(md) + "\n"
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write(text)
+    slim = [{k: v for k, v in r.items() if k not in ("metrics", "config")} for r in runs]
+    with open(os.path.join(out_dir, "report.json"), "w") as f:
+        json.dump({"machine": m, "runs": slim,
+                   "configs": {r["name"]: r.get("config") for r in runs}}, f, indent=1,
+                  default=str)
+    return text, files
+
+
+def _accuracy_table(rows, title):
+    """Test accuracy: one row per algorithm, one column per N."""
+    ns = sorted({r["N"] for r in rows})
+    algos = [a for a in ALGOS if any(r["algorithm"] == a for r in rows)]
+    out = [f"## {title}", "", "| algorithm | " + " | ".join(f"N={n}" for n in ns) + " |",
+           "|---|" + "---|" * len(ns)]
+    for a in algos:
+        cells = [_cell([r for r in rows if r["algorithm"] == a and r["N"] == n])
+                 for n in ns]
+        out.append(f"| {a} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _time_table(ok, base):
+    """T3: time per pass, speedups against the N = 1 run, throughput, traffic."""
+    md = ["## T3: time per pass, throughput, communication", "",
+          "| run | mode | wall s/pass | speedup (wall) | critical-path s/pass | speedup "
+          "(critical path) | worker compute s/pass: wall, CPU (share) | "
+          "worker img/s in compute (mean +- 1.96 sd) | Allreduce calls/pass | "
+          "MiB/pass | rank 0 CPU (outside eval) |", "|---|" + "---|" * 10]
     for r in sorted(ok, key=lambda r: (r["algorithm"], r["N"])):
         mode = "sim" if r["simulated"] else ("1 proc" if r["N"] == 1 else "mpi")
         if r.get("starved"):
@@ -340,12 +371,16 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
                    f"than cores): its times are the wait for cores, not the algorithm's."]
     md += ["", "Simulated runs compute every worker in one process: their times are "
            "not speedups (n/a); their accuracy equals the MPI run's (tested to 1e-6).", ""]
-    # targets
-    md += ["## Targets", ""]
-    ibt = sorted([r for r in ok if r["algorithm"] == "ibt"], key=lambda r: r["N"])
+    return md
+
+
+def _targets(ok, every, base, target_pt, holdout):
+    """The paper's targets: the method's accuracy at the largest N against N = 1."""
+    md = ["## Targets", ""]
+    ibt = sorted([r for r in ok if r["algorithm"] == METHOD], key=lambda r: r["N"])
     if ibt and base:
         bm, bsd, bn = _stats([r for r in every if r["N"] == 1])
-        im, isd, i_n = _stats([r for r in every if r["algorithm"] == "ibt"
+        im, isd, i_n = _stats([r for r in every if r["algorithm"] == METHOD
                                and r["N"] == ibt[-1]["N"]])
         gap = (bm - im) * 100
         spread = ""
@@ -369,6 +404,11 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
                       f"(one-sided bound {hi:+.2f} pt)")
     md.append("- projected speedup at 32 workers >= 30x: see benchmarks/bench_scaling.py "
               "(alpha-beta model calibrated by a measured Allreduce sweep)")
+    return md
+
+
+def _failed_runs(run_dirs):
+    """Runs that wrote failed.json and no summary.json, with their exit status."""
     failed = []
     for d in run_dirs:
         fp = os.path.join(d, "failed.json")
@@ -379,25 +419,7 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
                 code = "?"
             failed.append(f"- {os.path.basename(d.rstrip('/'))}: exit {code} "
                           f"(its output: {fp})")
-    if failed:
-        md += ["", "## Failed runs (not in the tables)", ""] + failed
-    from .outputs import NoPlotting
-    try:
-        files = _plots(ok, out_dir)
-        md += ["", "## Plots", ""] + [f"![{os.path.basename(f)}]({os.path.basename(f)})"
-                                      for f in files]
-    except NoPlotting as e:
-        files = []
-        md += ["", f"(no plots: {e})"]
-    text = "\n".join(md) + "\n"
-    with open(os.path.join(out_dir, "report.md"), "w") as f:
-        f.write(text)
-    slim = [{k: v for k, v in r.items() if k not in ("metrics", "config")} for r in runs]
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump({"machine": m, "runs": slim,
-                   "configs": {r["name"]: r.get("config") for r in runs}}, f, indent=1,
-                  default=str)
-    return text, files
+    return ["", "## Failed runs (not in the tables)", ""] + failed if failed else []
 
 
 def _plots(runs, out_dir):
@@ -406,7 +428,7 @@ def _plots(runs, out_dir):
     files = []
     ns = sorted({r["N"] for r in runs if r["N"] > 1})
     n_show = ns[len(ns) // 2] if ns else 1
-    sel = [r for r in runs if r["N"] == n_show or r["algorithm"] == "sgd"]
+    sel = [r for r in runs if r["N"] == n_show or r["algorithm"] == BASELINE]
     # T4 validation accuracy vs pass
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in sel:
@@ -425,8 +447,8 @@ def _plots(runs, out_dir):
     # T5 residuals and rho
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in sel:
-        if r["algorithm"] not in ("admm", "ibt"):
-            continue
+        if not getattr(ALGORITHMS.get(r["algorithm"]), "dual", False):
+            continue                 # residuals and rho: the ADMM algorithms
         b = [l["block"] for l in r["metrics"]]
         axes[0].semilogy(b, [max(l["primal_residual"], 1e-12) for l in r["metrics"]],
                          label=f"{r['algorithm']} primal")

@@ -48,11 +48,26 @@ def build_parser():
     ap.add_argument("--version", action="version",
                     version=f"ibtmpi {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    _add_prep(sub)
+    _add_train(sub)
+    _add_evaluate(sub)
+    _add_predict(sub)
+    _add_export(sub)
+    _add_plot(sub)
+    _add_bench(sub)
+    _add_status(sub)
+    _add_info(sub)
+    _add_demo(sub)
+    return ap
 
+
+def _add_prep(sub):
     p = sub.add_parser("prep", help="make or check a dataset (synth, folder, inspect)",
                        add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
+
+def _add_train(sub):
     p = sub.add_parser(
         "train", help="train with IBT / consensus ADMM (under mpiexec: rank 0 master)",
         description="Train a CNN by Incremental Block Training. Under "
@@ -83,6 +98,8 @@ def build_parser():
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar or progress lines (= --set run.quiet=true)")
 
+
+def _add_evaluate(sub):
     p = sub.add_parser("evaluate", help="accuracy, per-class P/R/F1, confusion matrix",
                        description="Evaluate a trained model (run directory, model.npz "
                        "or checkpoint directory) on a dataset split. Under mpiexec "
@@ -100,6 +117,8 @@ def build_parser():
                    help="images per forward pass (default 256; lower it when a GPU "
                    "runs out of memory)")
 
+
+def _add_predict(sub):
     p = sub.add_parser("predict", help="class and probabilities for image files",
                        description="Predict image files or folders with exactly the "
                        "training preprocessing (RGB, resize, normalisation).")
@@ -108,14 +127,20 @@ def build_parser():
     p.add_argument("--format", choices=("csv", "json"), default="csv")
     p.add_argument("--out", help="write here instead of standard output")
 
+
+def _add_export(sub):
     p = sub.add_parser("export", help="export to ONNX")
     p.add_argument("model")
     p.add_argument("--onnx", required=True, metavar="FILE")
 
+
+def _add_plot(sub):
     p = sub.add_parser("plot", help="PNG plots of a run's metrics")
     p.add_argument("run_dir")
     p.add_argument("--out", help="output directory (default RUN_DIR/plots)")
 
+
+def _add_bench(sub):
     p = sub.add_parser("bench", help="run the algorithm comparison / report on runs",
                        description="`bench run` trains every algorithm for each N "
                        "(MPI where the cores allow, simulation beyond) and the "
@@ -127,7 +152,7 @@ def build_parser():
                    help="dataset (made with 10,000 synthetic 32x32 images if missing)")
     b.add_argument("--out", default="runs/bench")
     b.add_argument("--ns", default="1,2,4,8")
-    b.add_argument("--algos", default="sgd,ssgd,ma,admm,bmuf,ibt,easgd")
+    b.add_argument("--algos")
     b.add_argument("--passes", type=_positive_float, default=3.0)
     b.add_argument("--split", type=_positive_int, default=256)
     b.add_argument("--batch", type=_positive_int, default=32)
@@ -149,6 +174,8 @@ def build_parser():
                         "another --seed): the accuracy target is also decided on its "
                         "test split, with the paired standard error of the gap")
 
+
+def _add_status(sub):
     p = sub.add_parser(
         "status", help="what run directories' jobs are doing (running, finished, ...)",
         description="One line per run directory, from the files the run keeps: running "
@@ -158,11 +185,15 @@ def build_parser():
     p.add_argument("runs", nargs="+", metavar="RUN")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
+
+def _add_info(sub):
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
     p.add_argument("--model", default="reference")
     p.add_argument("--image-size", type=_positive_int, default=64)
     p.add_argument("--classes", type=_positive_int, default=5)
 
+
+def _add_demo(sub):
     p = sub.add_parser(
         "demo", help="make the synthetic demo data and train over MPI (master + 2 workers)",
         description="Write the synthetic 5-class overhead-image set (if missing) "
@@ -179,7 +210,6 @@ def build_parser():
     p.add_argument("--run-dir", default="runs/demo")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--quiet", action="store_true")
-    return ap
 
 
 def _model(spec, size, classes, seed=0):
@@ -423,6 +453,13 @@ def cmd_plot(args):
     return 0
 
 
+def _int_list(flag, text):
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        raise UsageError(f"{flag}: a comma-separated list of integers, got {text!r}") from None
+
+
 def cmd_bench(args):
     import os
     from . import bench
@@ -432,10 +469,14 @@ def cmd_bench(args):
         if not os.path.exists(os.path.join(args.data, "dataset.json")):
             from .data_prep.prep import prep_synth
             prep_synth(args.data, n=10000, size=32, shards=2, quiet=True)
-        ints = lambda t: tuple(int(x) for x in t.split(",") if x)
-        failed = bench.run(args.out, args.data, ints(args.ns), tuple(args.algos.split(",")),
+        algos = tuple(a for a in args.algos.split(",") if a) if args.algos else bench.ALGOS
+        unknown = [a for a in algos if a not in bench.ALGOS]
+        if unknown:
+            raise UsageError(f"--algos: unknown {', '.join(unknown)}; known: "
+                             f"{', '.join(bench.ALGOS)}")
+        failed = bench.run(args.out, args.data, _int_list("--ns", args.ns), algos,
                            args.passes, args.split, args.batch, args.mpi_max,
-                           args.fixed_block, ints(args.fixed_ns), tuple(args.set),
+                           args.fixed_block, _int_list("--fixed-ns", args.fixed_ns), tuple(args.set),
                            fresh=args.fresh, seeds=args.seeds)
         runs = sorted(os.path.join(args.out, d) for d in os.listdir(args.out)
                       if d.startswith(("t1-", "t2-")))

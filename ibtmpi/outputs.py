@@ -177,7 +177,9 @@ def _from_checkpoint(d):
     ds = Dataset(cfg["data"]["path"])
     h, w, c = ds.image_shape
     probe = Model(cfg["model"]["layers"], (c, h, w), ds.n_classes)
-    name = "params" if cfg["algorithm"]["name"] == "ssgd" else "z"
+    from .consensus import get
+    # a per-step algorithm (ssgd) has no consensus z: the replicated params are the model
+    name = "params" if get(cfg["algorithm"]["name"]).per_step else "z"
     z = _npz(os.path.join(d, "rank-00000.npz"), {name: ((probe.size,), np.float32)})[name]
     return Trained(z, cfg["model"]["layers"], (c, h, w), ds.classes, ds.mean, ds.std, d)
 
@@ -305,6 +307,7 @@ def timeline_png(run_dir, path, plt, blocks=3):
 
 
 def plot_run(run_dir, out_dir=None):
+    """One PNG per view of a run's metrics.jsonl; returns the files written."""
     plt = pyplot()
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
@@ -323,7 +326,21 @@ def plot_run(run_dir, out_dir=None):
     x = np.array([(r["block"] + 1) / bpp for r in recs])
     algo, n = recs[0]["algorithm"], recs[0]["N"]
     files = []
+    for name, figure in _RUN_FIGURES:
+        fig = figure(plt, recs, x, f"{algo}, N = {n}")
+        if fig is not None:
+            fig.tight_layout()
+            files.append(os.path.join(out_dir, name))
+            fig.savefig(files[-1], dpi=100)
+            plt.close(fig)
+        if name == "memory.png":
+            tl = timeline_png(run_dir, os.path.join(out_dir, "timeline.png"), plt)
+            if tl:
+                files.append(tl)
+    return files
 
+
+def _fig_loss_accuracy(plt, recs, x, what):
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(x, [r["train_loss"] for r in recs], label="train loss (block mean)")
     ev = [(xx, r) for xx, r in zip(x, recs) if "val_acc" in r]
@@ -340,12 +357,11 @@ def plot_run(run_dir, out_dir=None):
         ax2.set_ylabel("validation accuracy")
         ax2.set_ylim(0, 1)
     _twin_legend(ax, ax2, "center right")
-    ax.set_title(f"{algo}, N = {n}")
-    fig.tight_layout()
-    files.append(os.path.join(out_dir, "loss_accuracy.png"))
-    fig.savefig(files[-1], dpi=100)
-    plt.close(fig)
+    ax.set_title(what)
+    return fig
 
+
+def _fig_residuals(plt, recs, x, what):
     fig, ax = plt.subplots(figsize=(7, 4))
     blocks = [r["block"] for r in recs]
     ax.semilogy(blocks, [max(r["primal_residual"], 1e-12) for r in recs], label="primal residual")
@@ -356,13 +372,13 @@ def plot_run(run_dir, out_dir=None):
     ax2.plot(blocks, [r["rho"] for r in recs], "--", color="C2", label="rho")
     ax2.set_ylabel("rho")
     _twin_legend(ax, ax2, "upper right")
-    ax.set_title(f"ADMM residuals and rho ({algo}, N = {n})")
-    fig.tight_layout()
-    files.append(os.path.join(out_dir, "residuals.png"))
-    fig.savefig(files[-1], dpi=100)
-    plt.close(fig)
+    ax.set_title(f"ADMM residuals and rho ({what})")
+    return fig
 
+
+def _fig_time_breakdown(plt, recs, x, what):
     fig, ax = plt.subplots(figsize=(7, 4))
+    blocks = [r["block"] for r in recs]
     comp = np.array([r["compute_max_s"] for r in recs])
     wait = np.array([r["data_wait_max_s"] for r in recs])
     comm = np.array([r["comm_s"] for r in recs])
@@ -376,67 +392,70 @@ def plot_run(run_dir, out_dir=None):
     ax.set_xlabel("block")
     ax.set_ylabel("seconds")
     ax.legend(loc="upper right")
-    ax.set_title(f"time per block ({algo}, N = {n})")
-    fig.tight_layout()
-    files.append(os.path.join(out_dir, "time_breakdown.png"))
-    fig.savefig(files[-1], dpi=100)
-    plt.close(fig)
+    ax.set_title(f"time per block ({what})")
+    return fig
 
+
+def _fig_worker_compute(plt, recs, x, what):
+    n = recs[0]["N"]
     per = [r["compute_s"] for r in recs if len(r.get("compute_s", ())) == n]
-    if n > 1 and per:
-        # every worker's compute time over its block's median worker: a row
-        # that stays dark-red is a worker (node, GPU) the others wait for
-        c = np.array(per, np.float64).T                     # (N, blocks)
-        med = np.median(c, axis=0)
-        ratio = c / np.where(med > 0, med, 1.0)
-        fig, ax = plt.subplots(figsize=(8, max(2.5, min(0.25 * n + 1.5, 10))))
-        im = ax.imshow(ratio, aspect="auto", interpolation="nearest", cmap="coolwarm",
-                       vmin=0.5, vmax=1.5, origin="lower")
-        ax.set_xlabel("block")
-        ax.set_ylabel("worker (rank - 1)")
-        fig.colorbar(im, ax=ax, label="compute time / median worker")
-        ax.set_title(f"compute time per worker and block ({algo}, N = {n})")
-        fig.tight_layout()
-        files.append(os.path.join(out_dir, "worker_compute.png"))
-        fig.savefig(files[-1], dpi=100)
-        plt.close(fig)
+    if n <= 1 or not per:
+        return None
+    # every worker's compute time over its block's median worker: a row
+    # that stays dark-red is a worker (node, GPU) the others wait for
+    c = np.array(per, np.float64).T                     # (N, blocks)
+    med = np.median(c, axis=0)
+    ratio = c / np.where(med > 0, med, 1.0)
+    fig, ax = plt.subplots(figsize=(8, max(2.5, min(0.25 * n + 1.5, 10))))
+    im = ax.imshow(ratio, aspect="auto", interpolation="nearest", cmap="coolwarm",
+                   vmin=0.5, vmax=1.5, origin="lower")
+    ax.set_xlabel("block")
+    ax.set_ylabel("worker (rank - 1)")
+    fig.colorbar(im, ax=ax, label="compute time / median worker")
+    ax.set_title(f"compute time per worker and block ({what})")
+    return fig
 
+
+def _fig_memory(plt, recs, x, what):
+    n = recs[0]["N"]
     mem = [r for r in recs if len(r.get("peak_rss_mib", ())) == n]
-    if mem:
-        # each worker's high-water marks: flat after the first pass, or a leak
-        pools = all(len(r.get("gpu_pool_mib", ())) == n for r in mem)
-        fig, axes = plt.subplots(2 if pools else 1, 1, sharex=True,
-                                 figsize=(7, 5.5 if pools else 3.5), squeeze=False)
-        mb = [r["block"] for r in mem]
-        for ax, key, what in [(axes[0][0], "peak_rss_mib", "peak RSS (MiB)")] + (
-                [(axes[1][0], "gpu_pool_mib", "CuPy pool (MiB)")] if pools else []):
-            vals = np.array([r[key] for r in mem]).T         # (N, blocks)
-            for i in range(min(n, 16)):
-                ax.plot(mb, vals[i], drawstyle="steps-post", label=f"worker {i}")
-            ax.set_ylabel(what)
-        axes[0][0].set_title(f"memory per worker ({algo}, N = {n})"
-                             + ("; the first 16 workers" if n > 16 else ""))
-        axes[-1][0].set_xlabel("block")
-        if n <= 8:
-            axes[0][0].legend(loc="lower right")
-        fig.tight_layout()
-        files.append(os.path.join(out_dir, "memory.png"))
-        fig.savefig(files[-1], dpi=100)
-        plt.close(fig)
+    if not mem:
+        return None
+    # each worker's high-water marks: flat after the first pass, or a leak
+    pools = all(len(r.get("gpu_pool_mib", ())) == n for r in mem)
+    fig, axes = plt.subplots(2 if pools else 1, 1, sharex=True,
+                             figsize=(7, 5.5 if pools else 3.5), squeeze=False)
+    mb = [r["block"] for r in mem]
+    for ax, key, label in [(axes[0][0], "peak_rss_mib", "peak RSS (MiB)")] + (
+            [(axes[1][0], "gpu_pool_mib", "CuPy pool (MiB)")] if pools else []):
+        vals = np.array([r[key] for r in mem]).T         # (N, blocks)
+        for i in range(min(n, 16)):
+            ax.plot(mb, vals[i], drawstyle="steps-post", label=f"worker {i}")
+        ax.set_ylabel(label)
+    axes[0][0].set_title(f"memory per worker ({what})"
+                         + ("; the first 16 workers" if n > 16 else ""))
+    axes[-1][0].set_xlabel("block")
+    if n <= 8:
+        axes[0][0].legend(loc="lower right")
+    return fig
 
-    tl = timeline_png(run_dir, os.path.join(out_dir, "timeline.png"), plt)
-    if tl:
-        files.append(tl)
 
+def _fig_learning_rate(plt, recs, x, what):
     lrs = [r.get("lr") for r in recs]
-    if None not in lrs and len(set(lrs)) > 1:          # optim.schedule at work
-        fig, ax = plt.subplots(figsize=(7, 3))
-        ax.plot(x, lrs, drawstyle="steps-post")
-        ax.set_xlabel("pass")
-        ax.set_ylabel("local learning rate")
-        ax.set_title(f"learning rate per block ({algo}, N = {n})")
-        fig.tight_layout()
-        files.append(os.path.join(out_dir, "learning_rate.png"))
-        fig.savefig(files[-1], dpi=100)
-        plt.close(fig)
-    return files
+    if None in lrs or len(set(lrs)) <= 1:          # no optim.schedule at work
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.plot(x, lrs, drawstyle="steps-post")
+    ax.set_xlabel("pass")
+    ax.set_ylabel("local learning rate")
+    ax.set_title(f"learning rate per block ({what})")
+    return fig
+
+
+# (file, figure) in the order plot_run writes them; timeline.png follows memory.png
+_RUN_FIGURES = (("loss_accuracy.png", _fig_loss_accuracy),
+                ("residuals.png", _fig_residuals),
+                ("time_breakdown.png", _fig_time_breakdown),
+                ("worker_compute.png", _fig_worker_compute),
+                ("memory.png", _fig_memory),
+                ("learning_rate.png", _fig_learning_rate))

@@ -199,7 +199,8 @@ def _add_demo(sub):
         description="Write the synthetic 5-class overhead-image set (if missing) "
                     "and run `mpiexec -n WORKERS+1 ibtmpi train` on it with the "
                     "MPI next to this Python (the mpich extra's) or on PATH.")
-    p.add_argument("--data", default="data/demo", help="dataset directory (default data/demo)")
+    p.add_argument("--data", help="dataset directory (default data/demo, or "
+                   "data/demo-SIZEpx-N when --n or --image-size is not the default)")
     p.add_argument("--n", type=_positive_int, default=10000,
                    help="images to generate if the dataset is missing (default 10000)")
     p.add_argument("--image-size", type=_positive_int, default=32)
@@ -207,7 +208,9 @@ def _add_demo(sub):
     p.add_argument("--algorithm", default="ibt")
     p.add_argument("--passes", type=_positive_float, default=3.0)
     p.add_argument("--model", default="reference")
-    p.add_argument("--run-dir", default="runs/demo")
+    p.add_argument("--run-dir", help="run directory (default runs/demo, or named after "
+                   "the settings that differ from the defaults, e.g. runs/demo-admm-4w, so "
+                   "that a demo with other settings does not meet the first one's checkpoints)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--quiet", action="store_true")
 
@@ -248,10 +251,30 @@ def cmd_info(args):
     return 0
 
 
+def _demo_names(args):
+    """(data dir, run dir): the defaults, or named after what differs from
+    them, so that another demo neither reuses data of another size nor
+    meets the checkpoints of a run with other settings."""
+    import hashlib
+    data = args.data or ("data/demo" if (args.n, args.image_size) == (10000, 32)
+                         else f"data/demo-{args.image_size}px-{args.n}")
+    if args.run_dir:
+        return data, args.run_dir
+    parts = [args.algorithm if args.algorithm != "ibt" else "",
+             f"{args.workers}w" if args.workers != 2 else "",
+             args.model if args.model != "reference" else "",
+             f"{args.passes:g}p" if args.passes != 3.0 else "",
+             f"{args.image_size}px-{args.n}" if not args.data and data != "data/demo" else "",
+             hashlib.sha1("\0".join(args.set).encode()).hexdigest()[:6] if args.set else ""]
+    name = "-".join(p for p in parts if p)
+    return data, "runs/demo" + (f"-{name}" if name else "")
+
+
 def cmd_demo(args):
     import os
     import subprocess
     from . import launcher
+    args.data, args.run_dir = _demo_names(args)
     try:                    # before writing anything
         mpiexec = launcher.command(args.workers + 1)
     except launcher.LauncherError as e:
@@ -497,9 +520,21 @@ def cmd_bench(args):
         except (ValueError, DatasetError, TrainedModelError) as e:
             raise UsageError(str(e)) from None
         print(text)
-        print(f"wrote {args.out}/report.md, report.json and {len(files)} plots")
+        print(f"wrote {args.out}/report.md, report.json and " + _plots_said(files))
         return 0
     raise UsageError("give `bench run` or `bench report`")
+
+
+def _plots_said(files):
+    """'3 plots', or why there are none (matplotlib is an extra)."""
+    if files:
+        return f"{len(files)} plots"
+    from .outputs import NoPlotting, pyplot
+    try:
+        pyplot()
+    except NoPlotting as e:
+        return f"no plots ({e})"
+    return "no plots (no finished run to plot)"
 
 
 def cmd_status(args):

@@ -13,6 +13,7 @@ import datetime
 import difflib
 import hashlib
 import json
+import math
 
 try:
     import tomllib
@@ -100,7 +101,42 @@ _TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a strin
           list: "a list (e.g. [30, 45])"}
 
 
+# names other tools use for our keys: a did-you-mean by meaning, not spelling
+SYNONYMS = {
+    "batch_size": "batch", "minibatch": "batch", "minibatch_size": "batch",
+    "local_batch": "batch", "learning_rate": "lr", "lr_schedule": "schedule",
+    "lr_scheduler": "schedule", "scheduler": "schedule", "epochs": "passes",
+    "num_epochs": "passes", "max_epochs": "passes", "epoch": "passes",
+    "algo": "name",
+    "algorithm": "name", "method": "name", "optimizer": "name", "arch": "layers",
+    "model": "layers", "architecture": "layers", "wd": "weight_decay",
+    "l2_reg": "weight_decay", "dataset": "path", "data_dir": "path",
+    "output_dir": "dir", "out_dir": "dir", "run_dir": "dir",
+    "checkpoint_interval": "checkpoint_every", "save_every": "checkpoint_every",
+    "patience": "early_stop", "warmup_epochs": "warmup_passes",
+    "lr_milestones": "milestones", "lr_decay": "gamma", "penalty": "rho",
+    "admm_rho": "rho", "nesterov_momentum": "nesterov", "eval_interval": "eval_every",
+    "split": "split_size", "block": "block_size", "seed_data": "seed",
+}
+
+
+# words whose answer is not a key of the same section
+HINTS = {
+    "num_workers": "the workers are the MPI ranks after the master (mpiexec -n N+1), "
+                   "or run.simulate = N in one process",
+    "workers": "the workers are the MPI ranks after the master (mpiexec -n N+1), "
+               "or run.simulate = N in one process",
+    "world_size": "the world size is mpiexec -n; the workers are the ranks after the master",
+}
+
+
 def _suggest(word, options):
+    norm = str(word).lower().replace("-", "_")
+    if norm in HINTS:
+        return f" ({HINTS[norm]})"
+    alias = SYNONYMS.get(norm)
+    if alias in options:
+        return f" (did you mean {alias!r}?)"
     m = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean {m[0]!r}?)" if m else ""
 
@@ -129,6 +165,10 @@ def _coerce(section, key, value):
         value = float(value)
     if type(value) is not t:
         raise ConfigError(f"{where} must be {_TYPES[t]}, got {value!r}")
+    if t is float and not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
+    if t is list and any(isinstance(v, float) and not math.isfinite(v) for v in value):
+        raise ConfigError(f"{where} must hold finite numbers, got {value!r}")
     return value
 
 

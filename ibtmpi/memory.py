@@ -73,32 +73,35 @@ def memory_line(summary):
 
 class MemoryGrowth:
     """Master: a worker whose memory keeps growing pass after pass (a
-    leak). The figures are high-water marks, so once the first pass has
-    filled the caches a steady run stops raising them; a worker whose peak
-    RSS (or CuPy pool) rose in each of the last two passes, to GROWTH x and
-    MIN_MIB above its figure at the end of this job's first pass, is named
-    once per figure."""
-    GROWTH, MIN_MIB = 1.25, 64
+    leak). The figures are high-water marks: the first pass fills the
+    caches and the first evaluation (which runs during the second pass, and
+    in the worker's own process when N = 1) adds its buffers, so a steady
+    run raises them in the first two passes and then stays flat. The
+    comparison starts at the end of the second pass: a worker whose peak
+    RSS (or CuPy pool) rose in each of the last RISES passes, by GROWTH x
+    and MIN_MIB in all, is named once per figure."""
+    GROWTH, MIN_MIB, RISES, SETTLE = 1.10, 32, 3, 2
     KEYS = ("peak_rss_mib", "gpu_pool_mib")
 
     def __init__(self):
         self.ends = []          # per pass end: {key: [MiB per worker]}
-        self.found = {}         # key -> {worker: [at the first pass end, now]}
+        self.found = {}         # key -> {worker: [at the start of the rises, now]}
 
     def pass_done(self, rec):
         """At a pass's last block: [(key, worker, first, now)] newly found."""
         self.ends.append({k: list(rec[k]) for k in self.KEYS if rec.get(k)})
-        if len(self.ends) < 3:
+        if len(self.ends) < self.SETTLE + self.RISES:
             return []
-        first, prev, now = self.ends[0], self.ends[-2], self.ends[-1]
+        window = self.ends[-self.RISES - 1:]       # RISES + 1 pass ends
         out = []
-        for key, vals in now.items():
-            if key not in first or key not in prev:
+        for key, vals in window[-1].items():
+            if any(key not in e for e in window):
                 continue
-            for i, v in enumerate(vals):
-                a, b = first[key][i], prev[key][i]
-                if (v > b > a and v >= self.GROWTH * a and v - a >= self.MIN_MIB
-                        and i not in self.found.get(key, {})):
+            for i in range(len(vals)):
+                seq = [e[key][i] for e in window]
+                a, v = seq[0], seq[-1]
+                if (all(y > x for x, y in zip(seq, seq[1:])) and v >= self.GROWTH * a
+                        and v - a >= self.MIN_MIB and i not in self.found.get(key, {})):
                     self.found.setdefault(key, {})[i] = [a, v]
                     out.append((key, i, a, v))
         return out

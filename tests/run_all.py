@@ -16,6 +16,7 @@ line is the total, e.g. 'total: 95 passed, 0 failed, 2 skipped'.
 import argparse
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,8 @@ import xml.etree.ElementTree as ET
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BIN = os.path.dirname(sys.executable)
-STAGE_TIMEOUT = 1200        # a hung MPI stage must not stall CI
+STAGE_TIMEOUT = 1200
+SMOKE_FLOOR = 0.5          # the smoke demo's test accuracy must reach this        # a hung MPI stage must not stall CI
 
 
 def tool(name):
@@ -71,11 +73,16 @@ def smoke(tmp):
     """The installed console script, run from outside the repository."""
     print("\n=== smoke: installed `ibtmpi` from outside the repo", flush=True)
     exe = tool("ibtmpi")
-    out = subprocess.run([exe, "demo", "--n", "400", "--image-size", "16",
-                          "--passes", "1", "--model", "tiny", "--quiet"],
+    out = subprocess.run([exe, "demo", "--n", "3000", "--image-size", "16",
+                          "--passes", "4", "--model", "tiny", "--quiet"],
                          cwd=tmp, capture_output=True, text=True, timeout=600)
     print(out.stdout + out.stderr, end="")
-    ok = out.returncode == 0 and "final test accuracy" in out.stdout
+    # the run is seeded: 0.75 here; chance is 0.20, so 0.5 means it learned
+    m = re.search(r"final test accuracy ([0-9.]+)", out.stdout)
+    ok = out.returncode == 0 and m is not None and float(m.group(1)) >= SMOKE_FLOOR
+    if m and float(m.group(1)) < SMOKE_FLOOR:
+        print(f"=== smoke: test accuracy {m.group(1)} is below the floor {SMOKE_FLOOR} "
+              f"(chance 0.20): the demo did not learn", flush=True)
     ver = subprocess.run([sys.executable, "-c",
                           "import ibtmpi, ibtmpi.kernels, ibtmpi.data_prep;"
                           "print(ibtmpi.__file__)"],

@@ -39,7 +39,9 @@ def cmd_train(args):
     from .lifecycle import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted
     from .trainer import Trainer
     size, rank = comm.world_size(), comm.world_rank()
-    overrides = list(args.set)
+    # the shorthand flags first, then --set: an explicit --set of the same
+    # key wins (a template's --quiet is undone by --set run.quiet=false)
+    overrides = []
     if args.simulate:
         overrides.append(f"run.simulate={args.simulate}")
     if args.quiet:
@@ -48,6 +50,7 @@ def cmd_train(args):
         overrides.append("run.resume=always")
     if args.cuda_aware:
         overrides.append(f"run.cuda_aware={args.cuda_aware}")
+    overrides += list(args.set)
 
     def log(msg):
         if rank == 0:
@@ -59,6 +62,7 @@ def cmd_train(args):
     comm.install_abort_hooks(rank)
     bad_input = (ConfigError, DatasetError, CheckpointError, DeviceError, ValueError, OSError)
     cfg = device_ops = None
+    made = []                        # run directories this start created, top first
     try:
         ntasks = os.environ.get("SLURM_NTASKS", "")
         if size == 1 and not args.simulate and ntasks.isdigit() and int(ntasks) > 1:
@@ -80,7 +84,7 @@ def cmd_train(args):
         cfg = load(args.config, overrides)
         # every rank writes its checkpoint file there: find out now, not
         # after the first pass of compute
-        _check_writable(cfg["run"]["dir"], create=not args.dry_run)
+        made = _check_writable(cfg["run"]["dir"], create=not args.dry_run)
         threads.configure(cfg["run"]["threads"])
         from ..backend import resolve_cuda_aware
         distributed = size > 1 and not cfg["run"]["simulate"]
@@ -95,8 +99,10 @@ def cmd_train(args):
                 log(line)
             return 0
     except bad_input as e:
+        _remove_empty(made)          # a refused start leaves no empty run directory
         return fail(f"ibtmpi train: error: {e}", 2, size, rank)
     except MemoryError as e:              # building the model, buffers, data caches
+        _remove_empty(made)
         return _out_of_memory(e, None, cfg, device_ops, size, rank)
     try:
         trainer.run()
@@ -170,7 +176,9 @@ def _crash(trainer, cfg, size, rank):
 def _check_writable(run_dir, create=True):
     """The run directory must be creatable and writable before training.
     create=False (a dry run): a missing one is not made; the nearest
-    existing directory above it must be writable instead."""
+    existing directory above it must be writable instead. Returns the
+    directories it created, the topmost first (to remove them again when
+    the start is refused)."""
     import os
     from ..config import ConfigError
     if not create and not os.path.isdir(run_dir):
@@ -180,7 +188,11 @@ def _check_writable(run_dir, create=True):
         if not (os.path.isdir(up) and os.access(up, os.W_OK | os.X_OK)):
             raise ConfigError(f"run.dir {run_dir} cannot be created ({up} is not a "
                               f"writable directory); choose another with --set run.dir=DIR")
-        return
+        return []
+    made, d = [], os.path.abspath(run_dir)
+    while not os.path.exists(d):
+        made.insert(0, d)
+        d = os.path.dirname(d)
     try:
         os.makedirs(run_dir, exist_ok=True)
         probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
@@ -190,6 +202,18 @@ def _check_writable(run_dir, create=True):
     except OSError as e:
         raise ConfigError(f"run.dir {run_dir} is not writable ({e.strerror}); "
                           f"choose another with --set run.dir=DIR") from None
+    return made
+
+
+def _remove_empty(dirs):
+    """Remove the directories a refused start made, deepest first, where
+    they are still empty (another rank may have removed them already)."""
+    import os
+    for d in reversed(dirs):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def fail(msg, code, size, rank, every_rank=False):

@@ -481,9 +481,10 @@ class MasterReports:
 
     def _growth_text(self, p, key, i, first, now):
         what = "peak RSS" if key == "peak_rss_mib" else "CuPy pool"
+        n = memory.MemoryGrowth.RISES
         return (f"memory: {self._workers_text([i])}: {what} grew from {first:.0f} MiB at "
-                f"the end of this job's first pass to {now:.0f} MiB at the end of pass "
-                f"{p + 1}, and in each of the last two passes: a leak? ({key} in "
+                f"the end of pass {p + 1 - n} to {now:.0f} MiB at the end of pass "
+                f"{p + 1}, in each of these {n} passes: a leak? ({key} in "
                 f"metrics.jsonl has it block by block)")
 
     def _workers_text(self, ws):

@@ -4,6 +4,7 @@ Bad input exits with status 2 and one line naming the file or option."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ibtmpi.cli import _positive_int as _pos_int
@@ -96,7 +97,12 @@ def main(argv=None, prog="ibtmpi-prep"):
         return 2
     except OSError as e:      # disk full, quota, an output place that cannot be made
         from ibtmpi.fsutil import os_error_exit
+        from .writer import hdf5_files_open
         msg, code = os_error_exit(f"{prog} {a.cmd}", e)
         print(msg, file=sys.stderr)
+        if hdf5_files_open():  # the partial data set is gone; HDF5's exit would crash
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         return code
     return 0

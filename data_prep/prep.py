@@ -8,6 +8,7 @@ skipped (or fatal with strict). inspect: full validation plus a summary.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -17,7 +18,8 @@ import time
 import numpy as np
 
 from . import synth
-from .writer import DatasetWriter, WriteError, ensure_parent, stratified_assign
+from .writer import (DatasetWriter, WriteError, ensure_parent, free_bytes, needed_bytes,
+                     stratified_assign)
 
 IMAGE_EXT = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".gif", ".webp"}
 
@@ -150,11 +152,30 @@ def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
     if os.path.exists(out) and not overwrite:
         raise WriteError(f"{out} already exists; choose another directory or "
                          f"pass --overwrite")
-    # Phase 1: decode everything into a disk-backed array (any data size).
-    tmpdir = tempfile.mkdtemp(prefix=".prep-", dir=ensure_parent(out))
+    # Phase 1: decode everything into a disk-backed array (any data size),
+    # beside the output: the two need about twice the data set's size
+    parent = ensure_parent(out)
+    decoded = len(items) * size * size * 3
+    need = decoded + needed_bytes({"all": len(items)}, (size, size, 3), shards + 2)
+    free = free_bytes(parent)
+    if need > free:
+        raise OSError(errno.ENOSPC, f"No space left on device (decoding and writing "
+                      f"{len(items)} images of {size}x{size} needs about "
+                      f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free)", parent)
+    tmpdir = tempfile.mkdtemp(prefix=".prep-", dir=parent)
     try:
-        buf = np.lib.format.open_memmap(os.path.join(tmpdir, "decoded.npy"), "w+",
-                                        np.uint8, (len(items), size, size, 3))
+        path = os.path.join(tmpdir, "decoded.npy")
+        buf = np.lib.format.open_memmap(path, "w+", np.uint8, (len(items), size, size, 3))
+        # reserve its blocks now: a memory map that meets a full disk later
+        # is a SIGBUS, not an error
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as e:         # a file system without fallocate: go on
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+        finally:
+            os.close(fd)
         ok = np.zeros(len(items), bool)
         bad = []
         with _bar(len(items), "decode", quiet) as bar:

@@ -13,9 +13,13 @@ are accumulated while writing.
 from __future__ import annotations
 
 import datetime
+import errno
+import gc
 import json
 import os
+import re
 import shutil
+import sys
 
 import h5py
 import numpy as np
@@ -37,6 +41,42 @@ def ensure_parent(out):
     except OSError as e:
         raise WriteError(f"cannot create directory {parent}: {e.strerror}") from None
     return parent
+
+
+# HDF5's own bytes per file (superblock, object headers, the chunk index)
+# and per chunk (one row a chunk: its index entry), measured generously
+FILE_OVERHEAD, CHUNK_OVERHEAD = 64 * 1024, 96
+
+
+def needed_bytes(counts, image_shape, n_files):
+    """About what a data set of these split sizes takes on disk (no compression)."""
+    row = int(np.prod(image_shape)) + 4 + CHUNK_OVERHEAD
+    return sum(counts.values()) * row + n_files * FILE_OVERHEAD + 4096
+
+
+def free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def hdf5_files_open():
+    """HDF5 files this process still holds open: after a write the file system
+    refused, HDF5 can neither flush nor close them, and its teardown at exit
+    then crashes (SIGSEGV): the caller exits with os._exit after its message."""
+    return len(h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE)) > 0
+
+
+def _storage_errno(e):
+    """The errno of a failed HDF5 write (h5py raises OSError or RuntimeError
+    with HDF5's 'errno = 28' in the text), or None for another error."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS,
+                                              errno.EIO, errno.EFBIG):
+        return e.errno
+    m = re.search(r"errno = (\d+)", str(e))
+    if m and int(m.group(1)) in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO,
+                                 errno.EFBIG):
+        return int(m.group(1))
+    return None
 
 
 def shard_names(n_shards):
@@ -64,6 +104,12 @@ class DatasetWriter:
         self.counts = {k: int(v) for k, v in counts.items() if v > 0}
         self.meta = {"source": source, "generator": generator, "seed": seed,
                      **(extra or {})}
+        need = needed_bytes(self.counts, self.image_shape, n_shards + 2)
+        free = free_bytes(parent)
+        if need > free:              # before the first byte: HDF5 copes badly with ENOSPC
+            raise OSError(errno.ENOSPC, f"No space left on device (the data set needs "
+                          f"about {need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free)",
+                          parent)
         self.tmp = os.path.join(parent, f".{os.path.basename(self.out)}.partial-{os.getpid()}")
         if os.path.exists(self.tmp):
             shutil.rmtree(self.tmp)
@@ -91,7 +137,9 @@ class DatasetWriter:
         self.written = {k: 0 for k in self.files}
 
     def _create(self, name, n):
-        f = h5py.File(os.path.join(self.tmp, name), "w")
+        # no chunk cache: a row goes to disk in its write() call, so a refused
+        # write fails there, not later in a cache eviction or a dealloc
+        f = h5py.File(os.path.join(self.tmp, name), "w", rdcc_nbytes=0)
         f.create_dataset("images", (n,) + self.image_shape, np.uint8,
                          chunks=(1,) + self.image_shape)
         f.create_dataset("labels", (n,), np.int16 if len(self.classes) < 32000
@@ -111,8 +159,9 @@ class DatasetWriter:
         for name, f, s0, cnt in self.files[split]:
             lo, hi = max(start, s0), min(end, s0 + cnt)
             if lo < hi:
-                f["images"][lo - s0:hi - s0] = images[lo - start:hi - start]
-                f["labels"][lo - s0:hi - s0] = labels[lo - start:hi - start]
+                with self._storage(name):
+                    f["images"][lo - s0:hi - s0] = images[lo - start:hi - start]
+                    f["labels"][lo - s0:hi - s0] = labels[lo - start:hi - start]
         if split == "train":
             px = images.reshape(-1, images.shape[-1]).astype(np.float64)
             self._sum += px.sum(0)
@@ -120,13 +169,41 @@ class DatasetWriter:
             self._npix += len(px)
         self.written[split] += len(images)
 
+    def _storage(self, name):
+        """A context in which a write the file system refuses (disk full,
+        quota, read-only, I/O error) removes the partial data set and
+        becomes one OSError naming the file, instead of h5py's errors."""
+        writer = self
+
+        class Guard:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, et, ev, tb):
+                code = _storage_errno(ev) if ev is not None else None
+                if code is None:
+                    return False
+                writer.abort()
+                raise OSError(code, os.strerror(code),
+                              os.path.join(writer.out, name)) from None
+        return Guard()
+
     def abort(self):
-        for fl in self.files.values():
-            for _, f, _, _ in fl:
-                try:
-                    f.close()
-                except Exception:
-                    pass
+        """Close what can be closed and remove the partial directory. After a
+        refused write HDF5 can close nothing and each of its objects
+        complains as it is freed: those complaints are dropped here."""
+        hook, sys.unraisablehook = sys.unraisablehook, lambda *a: None
+        try:
+            for fl in self.files.values():
+                for _, f, _, _ in fl:
+                    try:
+                        f.close()
+                    except Exception:
+                        pass
+            self.files = {}
+            gc.collect()
+        finally:
+            sys.unraisablehook = hook
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def close(self):
@@ -138,10 +215,11 @@ class DatasetWriter:
         for split, fl in self.files.items():
             per_class = np.zeros(len(self.classes), np.int64)
             for name, f, _, _ in fl:
-                per_class += np.bincount(f["labels"][:], minlength=len(self.classes))
-                f.flush()
-                f.close()
-                fsync_path(os.path.join(self.tmp, name))
+                with self._storage(name):
+                    per_class += np.bincount(f["labels"][:], minlength=len(self.classes))
+                    f.flush()
+                    f.close()
+                    fsync_path(os.path.join(self.tmp, name))
             splits[split] = {"files": [x[0] for x in fl],
                              "counts": [x[3] for x in fl],
                              "n": self.counts[split],

@@ -288,6 +288,15 @@ def cmd_demo(args):
                                   overwrite=os.path.exists(args.data))
         except WriteError as e:
             raise UsageError(str(e)) from None
+        except OSError as e:         # disk full, quota: one line, its exit status
+            from .fsutil import os_error_exit
+            from .data_prep.writer import hdf5_files_open
+            msg, code = os_error_exit("ibtmpi demo", e)
+            print(msg, file=sys.stderr, flush=True)
+            if hdf5_files_open():    # HDF5's own teardown would crash after it
+                sys.stdout.flush()
+                os._exit(code)
+            return code
         print(f"wrote {args.data}: {meta['splits']['train']['n']} train / "
               f"{meta['splits']['val']['n']} val / {meta['splits']['test']['n']} "
               f"test synthetic images {args.image_size}x{args.image_size} in {dt:.1f} s",

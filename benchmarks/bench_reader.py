@@ -9,7 +9,14 @@ at the same batch size, and prints the ratios (target >= 10x). Then it runs
 a few real blocks of training with prefetch on and reports the time the
 training loop spent waiting for data.
 
+With --checksums it instead measures what the shards' Fletcher-32 chunk
+checksums cost: the same rows written with and without them (h5py, one
+row a chunk, as ibtmpi prep writes), then read back whole (cache=memory's
+fill) and row by row in random order (cache=disk), alternating the two
+variants over --reps repetitions; medians and the ratio.
+
 Usage: python benchmarks/bench_reader.py [--data DIR] [--split 496] [--batch 64]
+       python benchmarks/bench_reader.py --checksums [--rows 5000] [--reps 5]
 """
 import argparse
 import os
@@ -40,14 +47,66 @@ def reader_rate(tr, sched, ds, cache, blocks):
     return rate, t_ready - t_open
 
 
+def checksum_cost(rows, size, reps):
+    """(write s, read-all s, random-row read s) medians, without and with
+    Fletcher-32, over alternated repetitions."""
+    import tempfile
+    import h5py
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, (rows, size, size, 3), dtype=np.uint8)
+    order = rng.permutation(rows)[:2000]
+    res = {False: [], True: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(reps):
+            for fl in (False, True):
+                path = os.path.join(tmp, f"{fl}-{r}.h5")
+                t0 = time.perf_counter()
+                with h5py.File(path, "w", rdcc_nbytes=0) as f:
+                    d = f.create_dataset("images", imgs.shape, np.uint8,
+                                         chunks=(1, size, size, 3), fletcher32=fl)
+                    for lo in range(0, rows, 512):
+                        d[lo:lo + 512] = imgs[lo:lo + 512]
+                t1 = time.perf_counter()
+                with h5py.File(path, "r") as f:
+                    f["images"][:]
+                    t2 = time.perf_counter()
+                    for i in order:
+                        f["images"][int(i)]
+                    t3 = time.perf_counter()
+                os.remove(path)
+                res[fl].append((t1 - t0, t2 - t1, t3 - t2))
+    return {fl: [statistics.median(x[k] for x in v) for k in range(3)]
+            for fl, v in res.items()}
+
+
+def main_checksums(a):
+    res = checksum_cost(a.rows, a.size, a.reps)
+    mib = a.rows * a.size * a.size * 3 / 2**20
+    print(f"{a.rows} rows of {a.size}x{a.size}x3 ({mib:.0f} MiB), one row a chunk, "
+          f"medians of {a.reps} alternated repetitions (page cache warm)")
+    print("| operation | no checksums | Fletcher-32 | ratio |")
+    print("|---|---|---|---|")
+    for k, what in enumerate(("write (512-row slices)", "read all rows",
+                              "read 2,000 random rows one by one")):
+        a0, a1 = res[False][k], res[True][k]
+        print(f"| {what} | {a0:.3f} s | {a1:.3f} s | {a1 / a0:.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--checksums", action="store_true",
+                    help="measure the Fletcher-32 checksums' write and read cost instead")
+    ap.add_argument("--rows", type=int, default=5000)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--data", default="data/synth64")
     ap.add_argument("--split", type=int, default=496)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
+    if a.checksums:
+        return main_checksums(a)
     if not os.path.exists(a.data):
         from ibtmpi.data_prep.prep import prep_synth
         print(f"making {a.data} (25,000 synthetic 64x64 images)...")

@@ -140,10 +140,12 @@ class DatasetWriter:
         # no chunk cache: a row goes to disk in its write() call, so a refused
         # write fails there, not later in a cache eviction or a dealloc
         f = h5py.File(os.path.join(self.tmp, name), "w", rdcc_nbytes=0)
+        # Fletcher-32 checksums on every chunk: a damaged row is an error
+        # naming its file and row on reading, not silently wrong pixels
         f.create_dataset("images", (n,) + self.image_shape, np.uint8,
-                         chunks=(1,) + self.image_shape)
+                         chunks=(1,) + self.image_shape, fletcher32=True)
         f.create_dataset("labels", (n,), np.int16 if len(self.classes) < 32000
-                         else np.int32)
+                         else np.int32, chunks=(min(n, 65536),), fletcher32=True)
         f.attrs["classes"] = json.dumps(self.classes)
         f.attrs["image_shape"] = self.image_shape
         return f

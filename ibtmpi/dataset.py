@@ -50,6 +50,11 @@ def open_read(path):
         return h5py.File(path, "r")
 
 
+def _h5_reason(e):
+    """HDF5's message without h5py's exception class noise, on one line."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 class SplitReader:
     """The files of one split viewed as one global row index space."""
 
@@ -103,15 +108,34 @@ class SplitReader:
                    and idx[order[k + 1]] == idx[order[k]] + 1):
                 k += 1
             lo = int(idx[order[j]] - self.offsets[s])
-            rows = handles[s]["images"][lo:lo + (k - j + 1)]
-            out[order[j:k + 1]] = rows
+            out[order[j:k + 1]] = self._rows(s, lo, lo + (k - j + 1))
             j = k + 1
         return out
 
+    def _rows(self, s, lo, hi):
+        """Rows lo..hi-1 of file s; a read HDF5 refuses (a damaged chunk, its
+        checksum, a corrupt heap) is a DatasetError naming the file and the
+        first row that cannot be read."""
+        images = self._open()[s]["images"]
+        try:
+            return images[lo:hi]
+        except (OSError, RuntimeError, ValueError) as e:
+            bad = lo
+            for r in range(lo, hi):          # one row a chunk: find the first bad one
+                try:
+                    images[r]
+                except (OSError, RuntimeError, ValueError):
+                    bad = r
+                    break
+            raise DatasetError(f"{self.files[s]}: row {bad} (split {self.name!r}) cannot be "
+                               f"read: {_h5_reason(e)}; the file is damaged: re-create the "
+                               f"data set with `ibtmpi prep` or restore it") from None
+
     def read_all(self):
         """All rows, file by file (contiguous reads)."""
-        handles = self._open()
-        return np.concatenate([h["images"][:] for h in handles]) if handles else None
+        self._open()
+        return (np.concatenate([self._rows(s, 0, c) for s, c in enumerate(self.counts)])
+                if self.files else None)
 
 
 class Dataset:
@@ -195,7 +219,12 @@ class Dataset:
                 raise DatasetError(f"{p}: cannot be read as HDF5 (truncated or "
                                    f"corrupt?): {e}") from None
             with f:
-                labels.append(self._check_file(p, f, count))
+                try:
+                    labels.append(self._check_file(p, f, count))
+                except (OSError, RuntimeError, KeyError) as e:   # h5py names no file
+                    raise DatasetError(f"{p}: cannot be read ({_h5_reason(e)}); the file "
+                                       f"is damaged: re-create the data set with "
+                                       f"`ibtmpi prep` or restore it") from None
             paths.append(p)
         return SplitReader(name, paths, counts, np.concatenate(labels))
 

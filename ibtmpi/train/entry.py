@@ -114,6 +114,10 @@ def cmd_train(args):
         return EXIT_DIVERGED
     except (CheckpointError, ConfigError) as e:   # what run() finds before block 0
         return fail(f"ibtmpi train: error: {e}", 2, size, rank)
+    except DatasetError as e:            # a damaged row met in mid-run: this rank's alone
+        return fail(f"[rank {rank}] ibtmpi train: error in block {trainer.block}: {e}. "
+                    f"Complete checkpoints are kept: the same command resumes once the "
+                    f"data set is whole", 2, size, rank, every_rank=True)
     except OSError as e:
         if is_storage_error(e):          # disk full, quota, read-only: say so in one line
             where = f" {e.filename}" if e.filename else ""

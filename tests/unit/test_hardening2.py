@@ -170,3 +170,69 @@ def test_prep_folder_on_a_full_disk(full_fs, tmp_path, patch_free):
     r = _prep(["folder", str(tmp_path / "src"), str(full_fs / "ds"), "--size", "64",
                "--quiet"], patch_free)
     _one_line_74(r, full_fs)
+
+
+# items 5 and 6: a damaged shard is an error naming its file (and row)
+def _damaged(src, dst, where):
+    """A copy of the dataset with one train shard damaged: 'heap' = 2 KiB of
+    random bytes at offset 2048 (HDF5's metadata), 'pixels' = 64 random
+    bytes in the middle of the image rows."""
+    import shutil
+    shutil.copytree(src, dst)
+    shard = sorted(glob.glob(os.path.join(dst, "train-*.h5")))[-1]
+    rng = __import__("numpy").random.default_rng(1)
+    with open(shard, "r+b") as f:
+        if where == "heap":
+            f.seek(2048)
+            f.write(rng.bytes(2048))
+        else:
+            f.seek(os.path.getsize(shard) // 2)
+            f.write(rng.bytes(64))
+    return str(dst), shard
+
+
+@pytest.mark.parametrize("cache", ["disk", "memory"])
+@pytest.mark.parametrize("where", ["heap", "pixels"])
+def test_a_damaged_shard_is_named(small_dataset, tmp_path, capsys, where, cache):
+    data, shard = _damaged(small_dataset, tmp_path / "d", where)
+    rc = main(["train"] + train_args(data, tmp_path / "run", **{"data.cache": cache}))
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert shard in err and "damaged" in err and "Traceback" not in err, err
+    if where == "pixels":
+        assert "row " in err and "cannot be read" in err
+
+
+def test_prep_inspect_names_a_file_with_a_damaged_heap(small_dataset, tmp_path, capsys):
+    from ibtmpi.data_prep.cli import main as prep
+    data, shard = _damaged(small_dataset, tmp_path / "d", "heap")
+    assert prep(["inspect", data]) == 2
+    err = capsys.readouterr().err
+    assert shard in err and "Traceback" not in err, err
+
+
+def test_shards_carry_checksums_and_old_ones_still_load(small_dataset, tmp_path):
+    import h5py
+    import numpy as np
+    import shutil
+    from ibtmpi.dataset import Dataset
+    shard = sorted(glob.glob(os.path.join(small_dataset, "train-*.h5")))[0]
+    with h5py.File(shard, "r") as f:
+        assert f["images"].fletcher32 and f["labels"].fletcher32
+    # an older data set: the same rows without checksums (contiguous labels)
+    old = tmp_path / "old"
+    shutil.copytree(small_dataset, old)
+    for p in glob.glob(str(old / "*.h5")):
+        with h5py.File(p, "r") as f:
+            im, lb = f["images"][:], f["labels"][:]
+            attrs = dict(f.attrs)
+        with h5py.File(p, "w") as f:
+            f.create_dataset("images", data=im, chunks=(1,) + im.shape[1:])
+            f.create_dataset("labels", data=lb)
+            f.attrs.update(attrs)
+        with h5py.File(p, "r") as f:
+            assert not f["images"].fletcher32
+    a, b = Dataset(small_dataset).split("train"), Dataset(str(old)).split("train")
+    idx = np.arange(a.n)[::-7]
+    assert np.array_equal(a.read(idx), b.read(idx))
+    assert np.array_equal(a.labels, b.labels)

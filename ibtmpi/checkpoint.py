@@ -152,9 +152,28 @@ def _npy_header(zf, member):
     return tuple(shape), np.dtype(dtype)
 
 
+# dtype kinds read_rank accepts in place of one dtype: the model file's
+# metadata (strings, the input shape, the normalisation); a string may hold
+# up to TEXT_MAX characters (a layer list in JSON is a few KiB)
+KINDS = {"text": "U", "int": "iu", "float": "f"}
+TEXT_MAX = 1 << 20
+
+
+def _matches(got_shape, got_dtype, shape, dtype):
+    if got_shape != tuple(shape):
+        return False
+    if dtype in KINDS:
+        return (got_dtype.kind in KINDS[dtype]
+                and (dtype != "text" or got_dtype.itemsize <= 4 * TEXT_MAX))
+    return got_dtype == np.dtype(dtype)
+
+
 def read_rank(path, expect):
     """Load the arrays named in `expect` {name: (shape, dtype)} from one rank
-    file, checking each header first; extra members are ignored."""
+    file (or model file), checking each header first, so a file that
+    declares a huge array is refused before anything is allocated; extra
+    members are ignored. dtype may be a kind of KINDS ('text', 'int',
+    'float') instead of one dtype."""
     if not os.path.isfile(path):
         raise CheckpointError(f"{path} is missing")
     try:
@@ -171,10 +190,16 @@ def read_rank(path, expect):
                 got_shape, got_dtype = _npy_header(zf, member)
             except ValueError as e:
                 raise CheckpointError(f"{path}: array {name!r} has a bad header ({e})") from None
-            if got_shape != tuple(shape) or got_dtype != np.dtype(dtype):
+            if not _matches(got_shape, got_dtype, shape, dtype):
+                want = dtype if dtype in KINDS else np.dtype(dtype)
                 raise CheckpointError(
                     f"{path}: array {name!r} is {got_dtype}{list(got_shape)}, this run "
-                    f"expects {np.dtype(dtype)}{list(shape)} (a checkpoint of another "
+                    f"expects {want}{list(shape)} (a checkpoint of another "
                     f"model or configuration?)")
+            stored = zf.getinfo(member).file_size
+            if int(np.prod(got_shape, dtype=object)) * got_dtype.itemsize > stored:
+                raise CheckpointError(                 # a header that declares more
+                    f"{path}: array {name!r} declares {got_dtype}{list(got_shape)} but "
+                    f"the file holds {stored} bytes of it (damaged or forged)")
     with np.load(path, allow_pickle=False) as z:
         return {name: z[name] for name in expect}

@@ -251,7 +251,13 @@ class Dataset:
         if im.shape[0] != count:
             raise DatasetError(f"{p}: holds {im.shape[0]} images, dataset.json "
                                f"says {count}")
-        cls = f.attrs.get("classes")
+        cls = None
+        if "classes" in f.attrs:          # its header first: a scalar string, not a huge array
+            aid = f.attrs.get_id("classes")
+            if aid.shape not in ((), (1,)) or aid.get_storage_size() > 1 << 20:
+                raise DatasetError(f"{p}: attribute 'classes' is {aid.shape} of "
+                                   f"{aid.get_storage_size()} bytes, not one JSON string")
+            cls = f.attrs["classes"]
         if cls is not None:
             try:
                 cls = json.loads(cls)

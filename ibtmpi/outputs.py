@@ -87,6 +87,8 @@ def _npz(path, expect):
 
 
 def _model_npz(path):
+    """A model.npz, every array's header checked before it is read: a file
+    that declares a huge array is refused (exit 2), not allocated."""
     import zipfile
     try:
         names = set(zipfile.ZipFile(path).namelist())
@@ -94,22 +96,30 @@ def _model_npz(path):
         raise TrainedModelError(f"{path}: not a model file ({e})") from None
     if "format.npy" not in names:
         raise TrainedModelError(f"{path}: not an ibtmpi model file (no 'format')")
-    with np.load(path, allow_pickle=False) as f:
-        try:
-            fmt = str(f["format"])
-            shape = f["input_shape"]
-            classes = json.loads(str(f["classes"]))
-            layers = json.loads(str(f["layers"]))
-            if shape.shape != (3,) or f["mean"].shape != (shape[0],):
-                raise ValueError("bad input_shape/mean")
-            mean, std = f["mean"], f["std"]
-        except (KeyError, ValueError) as e:
-            raise TrainedModelError(f"{path}: malformed model file ({e})") from None
+    meta = _npz(path, {"format": ((), "text"), "input_shape": ((3,), "int"),
+                       "classes": ((), "text"), "layers": ((), "text")})
+    fmt = str(meta["format"])
     if fmt != "ibtmpi-model-1":
         raise TrainedModelError(f"{path}: unsupported model format {fmt!r}")
-    probe = Model(layers, tuple(int(s) for s in shape), len(classes))
-    z = _npz(path, {"z": ((probe.size,), np.float32)})["z"]
-    return Trained(z, layers, shape, classes, mean, std, path)
+    shape = meta["input_shape"]
+    if not all(0 < int(s) <= 1 << 16 for s in shape):
+        raise TrainedModelError(f"{path}: malformed model file (input_shape "
+                                f"{shape.tolist()})")
+    try:
+        classes = json.loads(str(meta["classes"]))
+        layers = json.loads(str(meta["layers"]))
+    except ValueError as e:
+        raise TrainedModelError(f"{path}: malformed model file ({e})") from None
+    c = int(shape[0])
+    norm = _npz(path, {"mean": ((c,), "float"), "std": ((c,), "float")})
+    from .model import build_layers
+    try:                              # the parameter count, nothing allocated yet
+        built, _ = build_layers(layers, tuple(int(s) for s in shape), len(classes))
+    except (ValueError, TypeError, KeyError) as e:
+        raise TrainedModelError(f"{path}: malformed model file ({e})") from None
+    size = sum(int(np.prod(s)) for layer in built for s in layer.param_shapes())
+    z = _npz(path, {"z": ((size,), np.float32)})["z"]
+    return Trained(z, layers, shape, classes, norm["mean"], norm["std"], path)
 
 
 def save_model(path, z, model, ds, cfg):

@@ -236,3 +236,58 @@ def test_shards_carry_checksums_and_old_ones_still_load(small_dataset, tmp_path)
     idx = np.arange(a.n)[::-7]
     assert np.array_equal(a.read(idx), b.read(idx))
     assert np.array_equal(a.labels, b.labels)
+
+
+# item 2: every array of a file we read is checked from its header first
+def _forge(src, dst, name, shape=(2 ** 40,), dtype="<f8"):
+    """A copy of the npz `src` whose member `name` declares `shape` (and
+    holds 16 bytes): loading it would try to allocate 8 TiB."""
+    import io
+    import zipfile
+    import numpy as np
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename == f"{name}.npy":
+                buf = io.BytesIO()
+                np.lib.format.write_array_header_1_0(
+                    buf, {"descr": dtype, "fortran_order": False, "shape": shape})
+                data = buf.getvalue() + b"\0" * 16
+            zout.writestr(item, data)
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def trained(small_dataset, tmp_path_factory):
+    run = tmp_path_factory.mktemp("trained") / "run"
+    assert main(["train"] + train_args(small_dataset, run)) == 0
+    return str(run / "model.npz")
+
+
+@pytest.mark.parametrize("member", ["input_shape", "mean", "std", "format", "classes",
+                                    "layers", "z"])
+@pytest.mark.parametrize("command", ["evaluate", "predict", "export", "init"])
+def test_a_model_file_declaring_a_huge_array_exits_2(trained, small_dataset, tmp_path,
+                                                     capsys, member, command):
+    import numpy as np
+    from PIL import Image
+    bad = _forge(trained, tmp_path / "bad.npz", member)
+    img = tmp_path / "x.png"
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(img)
+    argv = {"evaluate": ["evaluate", bad, "--data", small_dataset],
+            "predict": ["predict", bad, str(img)],
+            "export": ["export", bad, "--onnx", str(tmp_path / "m.onnx")],
+            "init": ["train"] + train_args(small_dataset, tmp_path / "run",
+                                           **{"model.init": bad})}[command]
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "bad.npz" in lines[0] and repr(member) in lines[0], err
+
+
+def test_a_checkpoint_declaring_more_than_it_holds_is_refused(trained, tmp_path):
+    from ibtmpi.checkpoint import CheckpointError, read_rank
+    bad = _forge(trained, tmp_path / "ck.npz", "z", shape=(8359,), dtype="<f4")
+    with pytest.raises(CheckpointError, match=r"declares float32\[8359\] but the file holds 144 bytes"):
+        read_rank(bad, {"z": ((8359,), "float32")})

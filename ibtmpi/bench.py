@@ -361,10 +361,12 @@ def _time_table(ok, base):
         wc, cc = r.get("worker_compute_per_pass"), r.get("worker_cpu_per_pass")
         work = (f"{wc:.2f}, {cc:.2f} ({cc / wc:.0%})" if wc and cc is not None
                 else f"{wc:.2f}, n/a" if wc else "n/a")
+        # one process has no collective: its packet is summed in place
+        comm = ("none | none" if r.get("world_size") == 1 and not r["simulated"] else
+                f"{r['allreduce_calls_per_pass']:.0f} | {r['allreduce_mib_per_pass']:.1f}")
         md.append(f"| {r['name']} | {mode} | {r['wall_per_pass']:.2f} | {sp_w} | "
                   f"{r['critical_per_pass']:.2f} | {sp_c} | {work} | {ips} | "
-                  f"{r['allreduce_calls_per_pass']:.0f} | {r['allreduce_mib_per_pass']:.1f} | "
-                  f"{cpu} |")
+                  f"{comm} | {cpu} |")
     if any(r.get("starved") for r in ok):
         md += ["", f"Oversubscribed: its CPU workers had a core for under {STARVED_SHARE:.0%} "
                    f"of their compute time in half the blocks or more (more worker threads "

@@ -224,7 +224,7 @@ class MasterReports:
             f"  job: {self.algo}, {how}; workers compute on "
             f"{'gpu' if self.dev is not None else 'cpu'}",
             f"  data: {ds.path}: {splits} images {h}x{w}x{c}, {ds.n_classes} classes",
-            f"  blocks: split {s.split_len(0, 0):,d} per worker (block "
+            f"  blocks: split {s.split_len(0, 0):,d} per worker{self._split_note()} (block "
             f"{sum(s.split_len(i, 0) for i in range(n)):,d}), "
             f"batch {s.batch}, {s.max_range:,d} samples per worker: {s.blocks_per_pass} "
             f"blocks per pass, {s.steps_in_block(0)} steps per block; {self.total_blocks} "
@@ -232,9 +232,14 @@ class MasterReports:
             f"  model: {self.cfg['model']['layers']}, {self.P:,d} parameters "
             f"({self.P * 4 / 2**20:.1f} MiB float32)",
             f"  {self.lr_at.describe() or 'lr: constant ' + format(self.lr_at.lr, 'g')}",
-            f"  communication: {per_pass} Allreduce(s) per pass "
-            f"({'one per step' if self.A.per_step else 'one per block'}) of "
-            f"{self.packet.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB per pass",
+            "  communication: " + (
+                "none (one process: the block's packet is summed in place, no MPI)"
+                if n == 1 and not self.simulate and mpi.world_size() == 1 else
+                f"{per_pass} Allreduce(s) per pass "
+                f"({'one per step' if self.A.per_step else 'one per block'}) of "
+                f"{self.packet.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB "
+                f"per pass" + (" in an MPI run (simulated here: no MPI)"
+                               if self.simulate else "")),
             f"  checkpoints: every {every} block(s), {r['keep_checkpoints']} kept; {resume}",
             "  evaluation: " + (
                 "none (no val split)" if "val" not in ds.splits else
@@ -254,6 +259,15 @@ class MasterReports:
                              r["profile"]),
                             (f"timeline of every rank ({timeline.MERGED})", r["timeline"]))
             if on)] if r["profile"] or r["timeline"] else [])
+
+    def _split_note(self):
+        """Where the asked split is more than a worker's range: say so."""
+        s = self.sched
+        if s.split_size <= s.min_range:
+            return ""
+        return (f" (data.split_size {s.split_size:,d} is more than a worker's "
+                f"{s.min_range:,d} samples: each worker takes its whole range, one "
+                f"block per pass)")
 
     def _read_history(self, start):
         """Master, resuming at `start`: the metrics lines of the blocks the
@@ -297,7 +311,8 @@ class MasterReports:
         self.metrics_f = open(mpath, "a" if start else "w")
         self.log(f"{self.algo}: {self.n_workers} worker(s)"
                  f"{' (simulated)' if self.simulate else ''}, "
-                 f"{self.sched.n} train images, split {self.sched.split_size}, "
+                 f"{self.sched.n} train images, split {self.sched.split_len(0, 0)}"
+                 f"{self._split_note()}, "
                  f"batch {self.sched.batch}, {self.sched.blocks_per_pass} blocks/pass, "
                  f"{self.total_blocks} blocks, model {self.P:,d} parameters")
         if self.init_note and not start:

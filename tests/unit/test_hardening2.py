@@ -291,3 +291,34 @@ def test_a_checkpoint_declaring_more_than_it_holds_is_refused(trained, tmp_path)
     bad = _forge(trained, tmp_path / "ck.npz", "z", shape=(8359,), dtype="<f4")
     with pytest.raises(CheckpointError, match=r"declares float32\[8359\] but the file holds 144 bytes"):
         read_rank(bad, {"z": ((8359,), "float32")})
+
+
+# item 16: one process reports no Allreduce traffic; a clamped split is said
+def test_one_process_plans_no_allreduce_and_says_a_clamped_split(small_dataset, tmp_path,
+                                                                 capsys):
+    argv = ["train", "--dry-run"] + train_args(small_dataset, tmp_path / "r",
+                                              **{"data.split_size": 5000})
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "communication: none (one process" in out and "Allreduce(s) per pass" not in out
+    # 480 train images, one worker: the split is its whole range, and it says why
+    assert ("split 480 per worker (data.split_size 5,000 is more than a worker's 480 "
+            "samples: each worker takes its whole range, one block per pass)") in out
+    assert main(["train", "--simulate", "2", "--dry-run"]
+                + train_args(small_dataset, tmp_path / "r")) == 0
+    out = capsys.readouterr().out
+    assert "Allreduce(s) per pass (one per block)" in out and "simulated here: no MPI" in out
+    assert main(["train"] + train_args(small_dataset, tmp_path / "r2",
+                                       **{"data.split_size": 5000})) == 0
+    out = capsys.readouterr().out
+    assert "split 480 (data.split_size 5,000 is more than" in out
+
+
+def test_bench_table_shows_no_allreduce_for_one_process():
+    from ibtmpi import bench
+    row = {"name": "t1-sgd-1", "simulated": False, "N": 1, "world_size": 1,
+           "algorithm": "sgd", "wall_per_pass": 1.0, "critical_per_pass": 1.0,
+           "ips_worker_mean": None, "ips_worker_ci": None, "rank0_cpu_share": None,
+           "allreduce_calls_per_pass": 9.0, "allreduce_mib_per_pass": 21.3}
+    md = "\n".join(bench._time_table([row], row))
+    assert "| none | none |" in md and "21.3" not in md

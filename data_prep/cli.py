@@ -76,17 +76,19 @@ def main(argv=None, prog="ibtmpi-prep"):
             meta, dt = prep_synth(a.out, a.n, a.size, a.seed, classes,
                                   parse_ratios(a.split), a.shards,
                                   a.distractors, a.overwrite, a.quiet)
-            print(f"wrote {a.out}: " + ", ".join(
-                f"{k} {v['n']}" for k, v in meta["splits"].items())
-                + f" images {a.size}x{a.size} in {dt:.1f} s")
+            if not a.quiet:
+                print(f"wrote {a.out}: " + ", ".join(
+                    f"{k} {v['n']}" for k, v in meta["splits"].items())
+                    + f" images {a.size}x{a.size} in {dt:.1f} s")
         elif a.cmd == "folder":
             meta, bad, dt = prep_folder(a.root, a.out, a.size, a.class_map,
                                         parse_ratios(a.split), a.seed, a.shards,
                                         a.strict, a.overwrite, a.quiet)
-            print(f"wrote {a.out}: classes {', '.join(meta['classes'])}; " +
-                  ", ".join(f"{k} {v['n']}" for k, v in meta["splits"].items())
-                  + f" images in {dt:.1f} s")
-            if bad:
+            if not a.quiet:
+                print(f"wrote {a.out}: classes {', '.join(meta['classes'])}; " +
+                      ", ".join(f"{k} {v['n']}" for k, v in meta["splits"].items())
+                      + f" images in {dt:.1f} s")
+            if bad:                       # a warning: said even when quiet
                 print(f"skipped {len(bad)} unreadable file(s):")
                 for p, why in bad:
                     print(f"  {p}: {why}")

@@ -94,16 +94,31 @@ def cmd_train(args):
         if on_gpu and rank == 0:
             log(f"block buffers: {why}")
         trainer = Trainer(cfg, log=log, device_ops=device_ops, gpu_buffers=gpu_buffers)
+    except bad_input as e:
+        err = f"ibtmpi train: error: {e}"
+    except MemoryError as e:              # building the model, buffers, data caches
+        _remove_empty(made)
+        return _out_of_memory(e, None, cfg, device_ops, size, rank)
+    else:
+        err = None
+    # Every rank gets here, failed or not, with no collective since the
+    # device choice: agree, so that a start refused on any rank (a bad
+    # config everywhere, data missing on one node) ends every rank in order
+    # with exit 2 and one line from rank 0, not with MPI_Abort's banner.
+    bad = [(r, m) for r, m in enumerate(comm.allgather(err) if size > 1 else [err]) if m]
+    if bad:
+        _remove_empty(made)          # a refused start leaves no empty run directory
+        if rank == 0:
+            who, msg = bad[0]
+            print(msg if who == 0 else f"[rank {who}] {msg}", file=sys.stderr, flush=True)
+        return 2
+    try:
         if args.dry_run:
             for line in trainer.plan():
                 log(line)
             return 0
     except bad_input as e:
-        _remove_empty(made)          # a refused start leaves no empty run directory
         return fail(f"ibtmpi train: error: {e}", 2, size, rank)
-    except MemoryError as e:              # building the model, buffers, data caches
-        _remove_empty(made)
-        return _out_of_memory(e, None, cfg, device_ops, size, rank)
     try:
         trainer.run()
     except Preempted as e:
@@ -113,6 +128,10 @@ def cmd_train(args):
         log(f"ibtmpi train: diverged: {e}")
         return EXIT_DIVERGED
     except (CheckpointError, ConfigError) as e:   # what run() finds before block 0
+        if getattr(e, "agreed", False):  # every rank raised it: end in order
+            if rank == 0:
+                print(f"ibtmpi train: error: {e}", file=sys.stderr, flush=True)
+            return 2
         return fail(f"ibtmpi train: error: {e}", 2, size, rank)
     except DatasetError as e:            # a damaged row met in mid-run: this rank's alone
         return fail(f"[rank {rank}] ibtmpi train: error in block {trainer.block}: {e}. "

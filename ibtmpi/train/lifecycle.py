@@ -23,6 +23,14 @@ class Preempted(Exception):
     """All ranks agreed to stop after a signal; a checkpoint was written."""
 
 
+def agreed(err):
+    """Mark an error that every rank raised alike, after a collective that
+    told them all: the job then ends in order (exit 2, one line from rank 0),
+    without MPI_Abort."""
+    err.agreed = True
+    return err
+
+
 class Diverged(Exception):
     """Non-finite loss or model; the last good checkpoint is kept."""
 

@@ -23,7 +23,7 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from ..config import ConfigError, config_diff, hashed_config, run_hash
-from .lifecycle import Diverged
+from .lifecycle import Diverged, agreed
 from .packet import FLAG_CKPT
 
 
@@ -159,7 +159,7 @@ class CheckpointState:
                     res = ("error", str(e))
             res = mpi.bcast(res)
             if res[0] == "error":
-                raise ckpt.CheckpointError(res[1])
+                raise agreed(ckpt.CheckpointError(res[1]))
             cands = res[1]
         errs = []
         for k in cands:
@@ -209,12 +209,13 @@ class CheckpointState:
         bad = [i for i, (e, _) in enumerate(every) if e]
         if bad:
             who = f" (rank(s) {bad})" if dist else ""
-            raise ConfigError(f"model.init: {every[bad[0]][0]}{who}")
+            raise agreed(ConfigError(f"model.init: {every[bad[0]][0]}{who}"))
         other = [i for i, (_, f) in enumerate(every) if f != every[0][1]]
         if other:
-            raise ConfigError(f"model.init: rank(s) {other} read another model from "
-                              f"{path} than rank 0 (another file at that path on their "
-                              f"node?); every rank must start from the same z")
+            raise agreed(ConfigError(
+                f"model.init: rank(s) {other} read another model from {path} than rank "
+                f"0 (another file at that path on their node?); every rank must start "
+                f"from the same z"))
         z = t.model.params                 # float32 on the host (load_trained)
         self.model.params[...] = self._dev(z)
         if self.A.per_step:

@@ -322,3 +322,59 @@ def test_bench_table_shows_no_allreduce_for_one_process():
            "allreduce_calls_per_pass": 9.0, "allreduce_mib_per_pass": 21.3}
     md = "\n".join(bench._time_table([row], row))
     assert "| none | none |" in md and "21.3" not in md
+
+
+# item 18: --quiet means quiet; the docs list what model.npz holds
+def test_prep_quiet_prints_nothing(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+    from ibtmpi.data_prep.cli import main as prep
+    for c in ("a", "b"):
+        (tmp_path / "src" / c).mkdir(parents=True)
+        for i in range(12):
+            Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(tmp_path / "src" / c / f"{i}.png")
+    (tmp_path / "src" / "a" / "broken.png").write_bytes(b"not an image")
+    assert prep(["folder", str(tmp_path / "src"), str(tmp_path / "f"), "--size", "8",
+                 "--quiet"]) == 0
+    out, err = capsys.readouterr()          # the skipped file is a warning: still said
+    assert out.startswith("skipped 1 unreadable file(s):") and "wrote" not in out, out
+    assert len(out.strip().splitlines()) == 2 and err == ""
+    assert prep(["synth", str(tmp_path / "s"), "--n", "60", "--size", "8", "--quiet"]) == 0
+    assert capsys.readouterr() == ("", "")
+
+
+def test_docs_list_what_model_npz_holds(trained):
+    import numpy as np
+    text = open(os.path.join(ROOT, "docs", "config.md")).read()
+    section = text[text.index("- `model.npz`:"):]
+    section = section[:section.index("model-best.npz")]
+    with np.load(trained) as f:
+        for key in f.files:
+            assert f"`{key}`" in section, key
+    assert "n_classes" not in section
+
+
+# item 13: an error every rank knows ends the job in order, without MPI_Abort
+@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(__import__("sys").executable),
+                                                    "mpiexec")), reason="no mpiexec")
+def test_errors_every_rank_knows_end_without_abort(small_dataset, tmp_path):
+    import subprocess
+    import sys
+    from conftest import IBTMPI, mpiexec
+
+    def run(*sets):
+        r = subprocess.run(mpiexec(3) + IBTMPI + ["train"] + train_args(
+            small_dataset, tmp_path / "run", **dict(s.split("=", 1) for s in sets)),
+            capture_output=True, text=True, timeout=120)
+        return r.returncode, r.stdout, r.stderr
+    for sets, said in [(("optim.lr=-1",), "optim.lr must be > 0"),
+                       (("data.path=/nonexistent",), "does not exist"),
+                       (("model.init=/nonexistent/model.npz",), "model.init:")]:
+        rc, out, err = run(*sets)
+        assert rc == 2, (sets, err)
+        assert "Abort" not in out + err and "MPI_Abort" not in out + err, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0], err
+    assert run()[0] == 0                                 # a checkpoint of this config
+    rc, out, err = run("model.layers=softmax")
+    assert rc == 2 and "written by another configuration" in err and "Abort" not in err, err

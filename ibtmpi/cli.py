@@ -582,8 +582,14 @@ def main(argv=None):
     except UsageError as e:
         print(f"ibtmpi {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt:        # under mpiexec every rank gets it: say it once
+        comm = sys.modules.get(__package__ + ".comm")
+        try:
+            rank = comm.world_rank() if comm is not None else 0
+        except Exception:
+            rank = 0
+        if rank == 0:
+            print("interrupted", file=sys.stderr)
         return 130
     except RuntimeError as e:        # comm.MPIUnavailable: a launch without MPI
         comm = sys.modules.get(__package__ + ".comm")

@@ -36,7 +36,8 @@ def cmd_train(args):
     from ..config import ConfigError, load
     from ..dataset import DatasetError
     from ..fsutil import EXIT_STORAGE, is_storage_error
-    from .lifecycle import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted
+    from .lifecycle import (EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PREEMPTED, Diverged,
+                            Preempted)
     from .trainer import Trainer
     size, rank = comm.world_size(), comm.world_rank()
     # the shorthand flags first, then --set: an explicit --set of the same
@@ -122,6 +123,9 @@ def cmd_train(args):
     try:
         trainer.run()
     except Preempted as e:
+        if trainer.interrupted:
+            log(f"ibtmpi train: interrupted: {e} (exit status {EXIT_INTERRUPTED})")
+            return EXIT_INTERRUPTED
         log(f"ibtmpi train: preempted: {e} (exit status {EXIT_PREEMPTED})")
         return EXIT_PREEMPTED                # every rank agreed: no abort needed
     except Diverged as e:

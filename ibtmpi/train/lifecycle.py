@@ -142,17 +142,44 @@ def resolve_deadline(spec, env=None, clock=time.time):
     return None, ""
 
 
+EXIT_INTERRUPTED = 130      # Ctrl-C: checkpointed at the end of the block (or at once)
+SECOND_PRESS_S = 1.0        # a terminal and the launcher both deliver one Ctrl-C
+
+
 def install_stop_handlers(trainer):
     """SIGTERM / SIGUSR1 ask for a checkpoint-and-stop at the end of the
-    current block (all ranks agree through the block's Allreduce flags)."""
+    current block (all ranks agree through the block's Allreduce flags).
+    The first Ctrl-C (SIGINT) does the same and ends with exit 130; a
+    second one, more than SECOND_PRESS_S later, stops at once (the last
+    complete checkpoint is kept)."""
     import signal
     import threading
     old = {}
     if threading.current_thread() is threading.main_thread():
         def on_signal(signum, frame):
             trainer.stop_requested = True
+        first = []
+
+        def on_interrupt(signum, frame):
+            now = time.monotonic()
+            if not first:
+                first.append(now)
+                trainer.stop_requested = trainer.interrupted = True
+                trainer.stop_reason = "Ctrl-C (SIGINT)"
+                if trainer.rank == 0:
+                    print(f"interrupted: stopping with a checkpoint at the end of this "
+                          f"block (exit {EXIT_INTERRUPTED}); press Ctrl-C again to stop at "
+                          f"once", file=sys.stderr, flush=True)
+            elif now - first[0] > SECOND_PRESS_S:
+                if trainer.rank == 0:
+                    print(f"interrupted again: stopped at once in block {trainer.block}; "
+                          f"the last complete checkpoint is kept (exit {EXIT_INTERRUPTED})",
+                          file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(EXIT_INTERRUPTED)  # no MPI teardown to wait for or complain
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             old[sig] = signal.signal(sig, on_signal)
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, on_interrupt)
     return old
 
 

@@ -74,6 +74,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         self._master_setup()
         self.block, self.phase = -1, "setup"
         self.stop_requested = self.stop_agreed = False
+        self.interrupted = False         # the stop came from Ctrl-C: exit 130
         self.early_agreed = False        # every rank: stop after this block
         self.tl = timeline.Off()         # run.timeline: this rank's trace events
         self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]

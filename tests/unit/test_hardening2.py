@@ -378,3 +378,39 @@ def test_errors_every_rank_knows_end_without_abort(small_dataset, tmp_path):
     assert run()[0] == 0                                 # a checkpoint of this config
     rc, out, err = run("model.layers=softmax")
     assert rc == 2 and "written by another configuration" in err and "Abort" not in err, err
+
+
+# item 8: the first Ctrl-C checkpoints at the end of the block, exit 130
+@pytest.mark.parametrize("n", [1, 3])
+def test_ctrl_c_checkpoints_and_resumes(small_dataset, tmp_path, n):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from ibtmpi import checkpoint as ckpt
+    from conftest import IBTMPI, MPIEXEC, mpiexec
+    if n > 1 and not os.path.exists(MPIEXEC):
+        pytest.skip("no mpiexec")
+    run = tmp_path / "run"
+    cmd = (mpiexec(n) if n > 1 else []) + IBTMPI + ["train"] + train_args(
+        small_dataset, run, passes=400, **{"run.quiet": "false", "run.progress_s": 0})
+    p = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:                  # training has started
+        if line.startswith("placement:"):
+            break
+    time.sleep(1.0)
+    t0 = time.time()
+    os.killpg(p.pid, signal.SIGINT)        # what a terminal's Ctrl-C does
+    out, err = p.communicate(timeout=60)
+    took = time.time() - t0
+    assert p.returncode == 130, (out[-2000:], err[-2000:])
+    assert took < 10, took
+    assert err.count("interrupted") == 1 and "press Ctrl-C again to stop at once" in err, err
+    assert "pending" not in err and "Abort" not in err, err
+    assert "interrupted: stopped by Ctrl-C (SIGINT) after block" in out, out[-1000:]
+    done = ckpt.complete(str(run))
+    assert done, "no checkpoint written"
+    # the same command would resume from it
+    r = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, timeout=120)
+    assert f"resume from {ckpt.ckpt_dir(str(run), done[-1])}" in r.stdout, r.stdout + r.stderr

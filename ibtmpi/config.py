@@ -83,7 +83,8 @@ DEFAULTS = {
         "checkpoint_every": 0,   # blocks between checkpoints; 0: once per pass
         "keep_checkpoints": 2,   # complete checkpoints kept
         "resume": "auto",        # auto | always | never
-        "watchdog_s": 0.0,       # > 0: abort a block running longer (MPI runs)
+        "watchdog_s": "auto",    # abort a block running longer (MPI runs): auto =
+                                 # max(60 s, 10x the slowest block so far); 0: off
         "cuda_aware": "auto",    # GPU workers: auto | on | off (device buffers to MPI)
         "time_limit": "auto",    # stop with a checkpoint before it: auto (the Slurm
                                  # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
@@ -152,6 +153,12 @@ def _coerce(section, key, value):
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
         raise ConfigError(f"{where} must be 'auto' or an integer >= 1, got {value!r}")
+    if key == "watchdog_s":
+        if value == "auto" or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                               and math.isfinite(value) and value >= 0):
+            return value if value == "auto" else float(value)
+        raise ConfigError(f"{where} must be 'auto', 0 (off) or a number of seconds > 0, "
+                          f"got {value!r}")
     if key == "time_limit":
         if isinstance(value, datetime.time):          # TOML read 01:30:00 as a time
             value = value.isoformat()
@@ -303,7 +310,6 @@ def validate(cfg):
         (r["simulate"] >= 0, "run.simulate must be >= 0"),
         (r["checkpoint_every"] >= 0, "run.checkpoint_every must be >= 0"),
         (r["keep_checkpoints"] >= 1, "run.keep_checkpoints must be >= 1"),
-        (r["watchdog_s"] >= 0, "run.watchdog_s must be >= 0"),
         (r["progress_s"] >= 0, "run.progress_s must be >= 0"),
         (r["resume"] in ("auto", "always", "never"),
          "run.resume must be auto, always or never"),

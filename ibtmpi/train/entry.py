@@ -37,7 +37,7 @@ def cmd_train(args):
     from ..dataset import DatasetError
     from ..fsutil import EXIT_STORAGE, is_storage_error
     from .lifecycle import (EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PREEMPTED, Diverged,
-                            Preempted)
+                            Preempted, WatchdogTimeout)
     from .trainer import Trainer
     size, rank = comm.world_size(), comm.world_rank()
     # the shorthand flags first, then --set: an explicit --set of the same
@@ -152,6 +152,12 @@ def cmd_train(args):
         return _crash(trainer, cfg, size, rank)
     except MemoryError as e:             # CuPy's OutOfMemoryError, NumPy's too
         return _out_of_memory(e, trainer, cfg, device_ops, size, rank)
+    except WatchdogTimeout as e:         # a rank stopped answering: one line, abort
+        msg = (f"[rank {rank}] ibtmpi train: hung rank: {e}. The job is aborted; "
+               f"complete checkpoints are kept (rerun to resume); run.watchdog_s sets "
+               f"the limit (0: off)")
+        _keep_error(cfg, rank, msg)
+        return fail(msg, 1, size, rank, every_rank=True)
     except Exception:
         return _crash(trainer, cfg, size, rank)
     return 0

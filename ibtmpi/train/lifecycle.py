@@ -39,6 +39,49 @@ class WatchdogTimeout(RuntimeError):
     """A block ran past run.watchdog_s; names the ranks that had not arrived."""
 
 
+# run.watchdog_s = auto: no limit in a job's first block (start-up, caches,
+# kernel compiles), then max(WATCHDOG_FLOOR_S, WATCHDOG_FACTOR x the
+# slowest block so far, checkpoints and reports included). The floor may be
+# lowered through the environment for tests of the watchdog itself.
+WATCHDOG_FACTOR = 10.0
+WATCHDOG_FLOOR_S = float(os.environ.get("IBTMPI_WATCHDOG_FLOOR_S", "60"))
+
+
+WATCHDOG_GRACE_S = 2.0      # the in-Allreduce timer fires this much after the limit
+
+
+def stuck_ranks(placement):
+    """{rank: 'stopped' | 'gone'} of the ranks on this node whose process is
+    stopped (SIGSTOP, a debugger) or no longer there: from /proc, so only
+    for this host's ranks; placement: the start-up [(host, pid, ...)]."""
+    import socket
+    host, out = socket.gethostname(), {}
+    for r, row in enumerate(placement or ()):
+        if row[0] != host:
+            continue
+        try:
+            with open(f"/proc/{row[1]}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            out[r] = "gone"
+            continue
+        if state in ("T", "t"):
+            out[r] = "stopped"
+        elif state in ("Z", "X"):
+            out[r] = "gone"
+    return out
+
+
+def watchdog_limit(setting, k, start, slowest):
+    """Seconds block k may take under run.watchdog_s = setting (None: no
+    limit; the same on every rank: workers send arrivals when not None)."""
+    if setting == "auto":
+        if k <= start:
+            return None
+        return max(WATCHDOG_FLOOR_S, WATCHDOG_FACTOR * slowest)
+    return float(setting) or None
+
+
 class InjectedFault(RuntimeError):
     """Raised by IBTMPI_FAULT=rank:block:phase (tests of fail-fast)."""
 

@@ -16,13 +16,17 @@ Tests: tests/unit/test_trainer.py (the simulator), tests/mpi/test_trainer_mpi.py
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
 import time
 
 import numpy as np
 
 from .. import comm as mpi
 from .. import memory
-from .lifecycle import Diverged, WatchdogTimeout
+from .lifecycle import (WATCHDOG_FACTOR, WATCHDOG_FLOOR_S, WATCHDOG_GRACE_S, Diverged,
+                        WatchdogTimeout, stuck_ranks, watchdog_limit)
 from .packet import FLAG_CKPT, FLAG_EARLY, FLAG_NONFINITE, FLAG_STOP
 
 
@@ -129,7 +133,8 @@ class BlockSteps:
     def _reduce(self, send, recv, work, k):
         """The block's Allreduce; with run.watchdog_s the master aborts a
         block past the limit, naming the ranks that had not arrived."""
-        limit = self.cfg["run"]["watchdog_s"]
+        setting = self.cfg["run"]["watchdog_s"]
+        limit = watchdog_limit(setting, k, self.start_block, self.slowest_block_s)
         # Workers are on the critical path (they compute right after): they
         # poll on a short leash; the master sleeps longer (< 5% of a core).
         nap = 0.005 if self.is_master and not self.local else 0.0005
@@ -140,19 +145,56 @@ class BlockSteps:
         if self.is_master:
             posted = mpi.post_arrivals()
             t0 = time.perf_counter()
+            why = (f"run.watchdog_s = {limit:g} s" if setting != "auto" else
+                   f"the watchdog's limit of {limit:.0f} s (run.watchdog_s = auto: "
+                   f"{WATCHDOG_FACTOR:g}x the slowest block so far, at least "
+                   f"{WATCHDOG_FLOOR_S:g} s)")
 
             def watch():
                 if time.perf_counter() - t0 > limit:
                     missing = mpi.missing_arrivals(posted)
                     raise WatchdogTimeout(
-                        f"block {k} ran past run.watchdog_s = {limit:g} s; rank(s) "
-                        f"{missing} had not arrived at the Allreduce")
-            mpi.allreduce_sum(send, recv, self.comm, work=work, watch=watch)
-            mpi.wait_all([req for req, _ in posted.values()])
+                        f"block {k} ran past {why}; rank(s) {missing} had not arrived "
+                        f"at the Allreduce{self._stuck_text()}")
+            # a rank stopped after it arrived blocks everyone inside the
+            # library's Allreduce, where watch() is not called: a timer thread
+            # ends the job then
+            timer = threading.Timer(limit + WATCHDOG_GRACE_S, self._hung_in_allreduce,
+                                    (k, why))
+            timer.daemon = True
+            timer.start()
+            try:
+                mpi.allreduce_sum(send, recv, self.comm, work=work, watch=watch)
+                mpi.wait_all([req for req, _ in posted.values()])
+            finally:
+                timer.cancel()
         else:
             req, _buf = mpi.send_arrival(k)
             mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap)
             mpi.wait_all([req])
+
+    def _stuck_text(self):
+        """'; rank 2 (worker 1) is stopped' for this node's ranks /proc knows."""
+        stuck = stuck_ranks(getattr(self, "placement", None))
+        return "".join(f"; rank {r} (worker {r - 1}) is {what}" for r, what in stuck.items())
+
+    def _hung_in_allreduce(self, k, why):
+        """Master, timer thread: every rank arrived but the block's Allreduce
+        has not completed past the limit: one line, kept for `ibtmpi
+        status`, and the job is aborted (exit 1)."""
+        from .entry import _keep_error
+        stuck = self._stuck_text()
+        msg = (f"[rank 0] ibtmpi train: hung rank: block {k} ran past {why}; every rank "
+               f"had reached the Allreduce but it did not complete"
+               + (stuck or " (a rank stopped or lost inside it)")
+               + ". The job is aborted; complete checkpoints are kept (rerun to resume); "
+                 "run.watchdog_s sets the limit (0: off)")
+        print(msg, file=sys.stderr, flush=True)
+        _keep_error(self.cfg, 0, msg)
+        try:
+            mpi.abort(1)
+        finally:
+            os._exit(1)
 
     def _mark_flags(self):
         """This rank's flag slots for the coming Allreduce."""

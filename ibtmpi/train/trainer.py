@@ -75,6 +75,8 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         self.block, self.phase = -1, "setup"
         self.stop_requested = self.stop_agreed = False
         self.interrupted = False         # the stop came from Ctrl-C: exit 130
+        self.start_block = 0             # this job's first block (the watchdog skips it)
+        self.slowest_block_s = 0.0       # master: the longest block so far, all work in
         self.early_agreed = False        # every rank: stop after this block
         self.tl = timeline.Off()         # run.timeline: this rank's trace events
         self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]
@@ -300,6 +302,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         step_fn = self._block_ssgd if self.A.per_step else self._block_algo
         self._warm_up_and_trace(start, seg)
         old = lifecycle.install_stop_handlers(self)
+        self.start_block, t_end = start, time.perf_counter()
         try:
             for k in range(start, self.total_blocks):
                 self.block = k
@@ -323,6 +326,8 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
                         self.stop_requested = True
                         self.stop_reason = f"the time limit ({self.deadline.source})"
                 self._maybe_checkpoint(k, last)
+                now = time.perf_counter()    # block end to block end: the watchdog's scale
+                self.slowest_block_s, t_end = max(self.slowest_block_s, now - t_end), now
                 if self.early_agreed:
                     break
                 if self.stop_agreed and not last:

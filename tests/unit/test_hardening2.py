@@ -414,3 +414,57 @@ def test_ctrl_c_checkpoints_and_resumes(small_dataset, tmp_path, n):
     # the same command would resume from it
     r = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, timeout=120)
     assert f"resume from {ckpt.ckpt_dir(str(run), done[-1])}" in r.stdout, r.stdout + r.stderr
+
+
+# item 4: a hung rank no longer hangs the job by default
+@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(__import__("sys").executable),
+                                                    "mpiexec")), reason="no mpiexec")
+def test_a_stopped_worker_is_found_by_the_default_watchdog(small_dataset, tmp_path):
+    """SIGSTOP one worker mid-run with run.watchdog_s at its default (auto;
+    its 60 s floor lowered to 3 s through the environment for the test):
+    one line naming the rank, exit 1, and `ibtmpi status` says hung rank."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import IBTMPI, mpiexec
+    run = tmp_path / "run"
+    p = subprocess.Popen(
+        mpiexec(3) + IBTMPI + ["train"] + train_args(
+            small_dataset, run, passes=400, **{"run.quiet": "false", "run.progress_s": 0}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, IBTMPI_WATCHDOG_FLOOR_S="3"))
+    for line in p.stdout:
+        if line.startswith("placement:"):
+            break
+    time.sleep(1.0)
+    worker = None                    # rank 2: the process whose environment says so
+    for d in os.listdir("/proc"):
+        try:
+            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{d}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"ibtmpi" in cmd and str(run).encode() in cmd and (
+                b"PMI_RANK=2" in env or b"OMPI_COMM_WORLD_RANK=2" in env):
+            worker = int(d)
+    assert worker, "rank 2 not found"
+    t0 = time.time()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        out, err = p.communicate(timeout=60)
+    finally:
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 1, err[-2000:]
+    assert time.time() - t0 < 30
+    said = [x for x in err.splitlines() if "hung rank" in x]
+    # stopped before or inside the Allreduce: named either way (it is on this node)
+    assert said and ("rank(s) [2] had not arrived" in said[0]
+                     or "rank 2 (worker 1) is stopped" in said[0]), err[-2000:]
+    assert "Traceback" not in err
+    st = subprocess.run(IBTMPI + ["status", str(run)], capture_output=True, text=True,
+                        timeout=60).stdout
+    assert "hung rank" in st, st

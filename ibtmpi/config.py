@@ -354,6 +354,42 @@ LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
 ADDED_KEYS = {"optim": LR_KEYS + ("name",)}   # left out of the digest at their defaults
 
 
+# Keys a resume may change (after a divergence, or to tune a long run): they
+# change neither the model's shape, nor the data order, nor the shape of any
+# saved state, so the checkpoint still fits. Each change is logged, written to
+# the resumed block's metrics line and kept in the manifests that follow.
+RESUME_TUNABLE = {
+    "optim": ("lr", "momentum", "weight_decay", "nesterov", "reset_momentum") + LR_KEYS,
+    "algorithm": ("rho", "l2", "adaptive_rho", "rho_mu", "rho_tau", "over_relaxation",
+                  "dual_reset", "block_momentum", "block_lr", "nesterov", "easgd_beta"),
+}
+
+
+def config_changes(old, new):
+    """[(section.key, old value, new value)] of two hashed_config() dicts,
+    a key left out at its default counted at its default."""
+    def flat(c):
+        return {f"{s}.{k}": v for s, t in c.items() for k, v in t.items()}
+    a, b = flat(old), flat(new)
+    for key in set(a) ^ set(b):
+        sec, k = key.split(".", 1)
+        if k in DEFAULTS.get(sec, {}):
+            a.setdefault(key, DEFAULTS[sec][k])
+            b.setdefault(key, DEFAULTS[sec][k])
+    return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))
+            if a.get(key) != b.get(key)]
+
+
+def tunable(key):
+    sec, k = key.split(".", 1)
+    return k in RESUME_TUNABLE.get(sec, ())
+
+
+def change_text(changes):
+    """'optim.lr 0.3 -> 0.1, algorithm.rho 0.01 -> 0.1'"""
+    return ", ".join(f"{k} {json.dumps(a)} -> {json.dumps(b)}" for k, a, b in changes)
+
+
 def run_hash(cfg, legacy=False):
     return digest(hashed_config(cfg, legacy))
 

@@ -8,6 +8,7 @@ from metrics.jsonl."""
 import glob
 import json
 import os
+import re
 
 from . import checkpoint as ckpt
 from . import runlock
@@ -61,6 +62,10 @@ def growing(recs):
         if r.get("block_in_pass") == bpp - 1:
             g.pass_done(r)
     return sorted({i for found in g.found.values() for i in found})
+
+
+# the line an ibtmpi train that diverged keeps in RUN/error-rank-0.txt
+DIVERGED = re.compile(r"ibtmpi train: diverged at block (\d+) \(rank\(s\) ([^)]*)\)")
 
 
 def error_reason(path, limit=300):
@@ -190,6 +195,10 @@ def describe(info):
         if b:
             bits.append(f"model-best.npz (block {b['block']}, val acc {b['val_acc']:.4f}): "
                         f"test acc {b['test_acc']:.4f}")
+    elif state == "failed" and DIVERGED.search(info.get("reason") or ""):
+        m = DIVERGED.search(info["reason"])
+        line = (f"diverged at block {m.group(1)} (rank(s) {m.group(2)}) after {prog} "
+                f"(see {os.path.basename(info['errors'][0])}); {resume}")
     elif state == "failed":
         names = ", ".join(os.path.basename(e) for e in info["errors"])
         why = f": {info['reason']}" if info.get("reason") else ""

@@ -169,6 +169,21 @@ class BlockAlgorithm(Algorithm):
     def rescale_duals(self, scale):
         """Adaptive rho changed rho: scaled duals scale by rho_old/rho_new."""
 
+    def set_rho(self, rho, states):
+        """A resume with another algorithm.rho: rho moves to it and every
+        scaled dual (the replicated sum, each local worker's u) by
+        rho_old/rho_new, so the unscaled duals are kept."""
+        if not self.uses_rho or rho == self.rho:
+            self.rho = rho
+            return
+        scale = self.rho / rho
+        self.rho = rho
+        self.rescale_duals(scale)
+        for ws in states:
+            u = getattr(ws, "u", None)
+            if u is not None:
+                u *= self.dtype.type(scale)
+
     def _elementwise(self, S, sl):
         """The update's elementwise part on the elements `sl` of the vectors;
         returns that slice's residual vectors (z - z_s, sum_w - N*z_s,

@@ -129,7 +129,10 @@ def cmd_train(args):
         log(f"ibtmpi train: preempted: {e} (exit status {EXIT_PREEMPTED})")
         return EXIT_PREEMPTED                # every rank agreed: no abort needed
     except Diverged as e:
-        log(f"ibtmpi train: diverged: {e}")
+        msg = f"ibtmpi train: {e}"
+        log(msg)
+        if rank == 0:                   # for `ibtmpi status`: diverged at block k
+            _keep_error(cfg, rank, f"[rank 0] {msg}")
         return EXIT_DIVERGED
     except (CheckpointError, ConfigError) as e:   # what run() finds before block 0
         if getattr(e, "agreed", False):  # every rank raised it: end in order

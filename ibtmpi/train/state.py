@@ -22,8 +22,9 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from .. import comm as mpi
-from ..config import ConfigError, config_diff, hashed_config, run_hash
-from .lifecycle import Diverged, agreed
+from ..config import (ConfigError, change_text, config_changes, config_diff, hashed_config,
+                      run_hash, tunable)
+from .lifecycle import agreed
 from .packet import FLAG_CKPT
 
 
@@ -63,8 +64,8 @@ class CheckpointState:
     def _checkpoint(self, k):
         self._at("checkpoint")
         if not np.isfinite(self.z).all():
-            raise Diverged(f"block {k}: the consensus model is not finite; not "
-                           f"checkpointing it (the last good checkpoint is kept)")
+            raise self._diverged(k, "the consensus model is not finite (not checkpointing "
+                                    "it)", "all")
         self.faults.disk_full(self.rank, k, os.path.join(   # injected full disk (tests)
             ckpt.ckpt_dir(self.run_dir, k), ckpt.rank_file(self.rank)))
         ckpt.write_rank(self.run_dir, k, self.rank, self._state_arrays())
@@ -78,7 +79,8 @@ class CheckpointState:
             "n_workers": self.n_workers, "world_size": world,
             "simulate": self.simulate, "files": [ckpt.rank_file(r) for r in range(world)],
             "blocks_per_pass": self.sched.blocks_per_pass,
-            "passes_done": (k + 1) / self.sched.blocks_per_pass},
+            "passes_done": (k + 1) / self.sched.blocks_per_pass,
+            "changed": self.changed_before},
             keep=self.cfg["run"]["keep_checkpoints"])
 
     def _final_sync(self):
@@ -124,14 +126,23 @@ class CheckpointState:
                 f"(duals and data ranges are per worker): relaunch with the same "
                 f"count, or start a new run from this one's model: another run.dir "
                 f"and --set model.init={self.run_dir}")
+        self.resume_changes = []
         if m.get("config_hash") not in (self.cfg_hash, run_hash(self.cfg, legacy=True)):
-            what = (isinstance(m.get("config"), dict)
-                    and config_diff(m["config"], hashed_config(self.cfg))
-                    or "model, data, algorithm or optimizer differ")
-            raise ckpt.CheckpointError(
-                f"{where} was written by another configuration ({what}); run with "
-                f"the checkpoint's settings to resume, or use another run.dir to "
-                f"start fresh")
+            changes = (config_changes(m["config"], hashed_config(self.cfg))
+                       if isinstance(m.get("config"), dict) else None)
+            if changes and all(tunable(c[0]) for c in changes):
+                self.resume_changes = changes      # lr, rho, ...: the state still fits
+            else:
+                what = (isinstance(m.get("config"), dict)
+                        and config_diff(m["config"], hashed_config(self.cfg))
+                        or "model, data, algorithm or optimizer differ")
+                raise ckpt.CheckpointError(
+                    f"{where} was written by another configuration ({what}); run with "
+                    f"the checkpoint's settings to resume (a resume may change only "
+                    f"the learning rate, its schedule, momentum, weight decay and the "
+                    f"consensus settings such as algorithm.rho), or use another "
+                    f"run.dir to start fresh")
+        self.changed_before = m.get("changed", [])
         if m.get("dataset", self.data_fp) != self.data_fp:
             raise ckpt.CheckpointError(
                 f"{where} was written for another dataset: "
@@ -154,13 +165,14 @@ class CheckpointState:
             res = None
             if self.is_master:
                 try:
-                    res = ("ok", self._resume_candidates())
+                    res = ("ok", self._resume_candidates(), self.resume_changes,
+                           self.changed_before)
                 except ckpt.CheckpointError as e:
                     res = ("error", str(e))
             res = mpi.bcast(res)
             if res[0] == "error":
                 raise agreed(ckpt.CheckpointError(res[1]))
-            cands = res[1]
+            cands, self.resume_changes, self.changed_before = res[1:]
         errs = []
         for k in cands:
             err = None
@@ -170,6 +182,7 @@ class CheckpointState:
                 err = f"rank {self.rank}: {e}"
             errs = [e for e in (mpi.allgather(err) if dist else [err]) if e]
             if not errs:
+                self._apply_changes(k + 1, dry)
                 return k + 1
             where = ckpt.ckpt_dir(self.run_dir, k)
             if dry:
@@ -188,6 +201,23 @@ class CheckpointState:
                 f"{'; '.join(errs)}); use another run.dir to start fresh")
         self._init_from_model(dist)
         return 0
+
+    def _apply_changes(self, start, dry):
+        """A resume that changed tunable keys (RESUME_TUNABLE): say so, keep
+        it for the metrics line and the manifests, and move rho where it
+        lives in the restored state (the scaled duals follow it)."""
+        if not self.resume_changes:
+            return
+        text = change_text(self.resume_changes)
+        self.log(f"{'would resume' if dry else 'resuming'} with changed settings at block "
+                 f"{start}: {text}")
+        if dry:
+            return
+        self.changed_before = self.changed_before + [{"block": start, "changes": text}]
+        self.pending_change = text
+        rho = dict((k, b) for k, _, b in self.resume_changes).get("algorithm.rho")
+        if rho is not None and self.cons is not None:
+            self.cons.set_rho(float(rho), [self.states[i] for i in self.local])
 
     def _init_from_model(self, dist):
         """model.init, for a run that starts at block 0: w of every worker

@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory
 from .lifecycle import (WATCHDOG_FACTOR, WATCHDOG_FLOOR_S, WATCHDOG_GRACE_S, Diverged,
@@ -173,6 +174,30 @@ class BlockSteps:
             mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap)
             mpi.wait_all([req])
 
+    def _diverged(self, k, what, ranks):
+        """Diverged for block k: what happened, which ranks, whether a good
+        checkpoint is kept, and the exact command that resumes (or restarts)
+        with a lower learning rate: lr and rho may change on a resume."""
+        import shlex
+        done = ckpt.complete(self.run_dir)
+        kept = (f"the last good checkpoint {ckpt.ckpt_dir(self.run_dir, done[-1])} is kept"
+                if done else "no checkpoint was written before it (the rerun starts "
+                "from block 0)")
+        lr, rho = self.cfg["optim"]["lr"], self.cfg["algorithm"]["rho"]
+        argv = list(sys.argv[1:])        # this command, less any optim.lr it set
+        for i in range(len(argv) - 1, 0, -1):
+            if argv[i].startswith("optim.lr=") and argv[i - 1] == "--set":
+                del argv[i - 1:i + 1]
+        world = 1 if self.simulate else mpi.world_size()
+        cmd = ((f"mpiexec -n {world} " if world > 1 else "")
+               + shlex.join(["ibtmpi"] + argv) + f" --set optim.lr={lr / 2:g}")
+        rho_hint = (f" or raise algorithm.rho (now {rho:g})" if self.A.uses_rho else "")
+        err = Diverged(f"diverged at block {k} (rank(s) {ranks}): {what}; {kept}. Lower "
+                       f"optim.lr (now {lr:g}){rho_hint}: a resume may change them, e.g. "
+                       f"{cmd}")
+        err.block, err.ranks = k, ranks
+        return err
+
     def _stuck_text(self):
         """'; rank 2 (worker 1) is stopped' for this node's ranks /proc knows."""
         stuck = stuck_ranks(getattr(self, "placement", None))
@@ -221,10 +246,7 @@ class BlockSteps:
         bad = [j - 1 for j in range(1, len(f)) if f[j] & FLAG_NONFINITE]
         if bad:
             ranks = [b + 1 for b in bad] if (mpi.world_size() > 1 and not self.simulate) else [0]
-            raise Diverged(
-                f"block {k}: non-finite loss or model on worker(s) {bad} (rank(s) "
-                f"{ranks}); the last good checkpoint is kept. Lower optim.lr or raise "
-                f"algorithm.rho")
+            raise self._diverged(k, f"non-finite loss or model on worker(s) {bad}", ranks)
         self.stop_agreed = bool((f & FLAG_STOP).any())
         self.early_agreed = bool((f & FLAG_EARLY).any())
 

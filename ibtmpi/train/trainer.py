@@ -87,6 +87,9 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
             dl = Deadline(r["time_limit"])
             self.deadline = dl if dl.at is not None else None
         self.pending_ckpt = None         # block whose files await confirmation
+        self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
+        self.changed_before = []         # every resume's changes so far (the manifests')
+        self.pending_change = None       # their text, for the first block's metrics line
         self.pending_ok = False
         self.init_note = ""              # model.init: where the start came from
         self.run_dir = r["dir"]
@@ -303,6 +306,9 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         self._warm_up_and_trace(start, seg)
         old = lifecycle.install_stop_handlers(self)
         self.start_block, t_end = start, time.perf_counter()
+        # a diverging model overflows: the non-finite checks say so in one
+        # line, NumPy's RuntimeWarnings must not flood the log before it
+        err_old = np.seterr(over="ignore", invalid="ignore", divide="ignore")
         try:
             for k in range(start, self.total_blocks):
                 self.block = k
@@ -313,9 +319,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
                 rec = self._record(k, p, b, diag, time.perf_counter() - t0)
                 images += rec["samples"]
                 if not np.isfinite(self.z).all():
-                    raise Diverged(f"block {k}: the consensus model z is not finite; "
-                                   f"the last good checkpoint is kept. Lower optim.lr "
-                                   f"or raise algorithm.rho")
+                    raise self._diverged(k, "the consensus model z is not finite", "all")
                 if self.early_agreed:     # run.early_stop: this block is the last
                     self.total_blocks = k + 1
                 last = k + 1 == self.total_blocks
@@ -337,6 +341,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
                                     f"run the same command again to resume")
             self._end_timeline()
         finally:
+            np.seterr(**err_old)
             self.tl.close()
             lifecycle.restore_handlers(old)
             self._close_reports()

@@ -74,8 +74,11 @@ def test_divergence_stops_names_block_and_rank_keeps_checkpoint(small_dataset, t
     run = tmp_path / "r"
     rc, out, err, dt = launch(base_sets(small_dataset, run), {"IBTMPI_FAULT": "2:3:nan"})
     assert rc == 4, (out, err)
-    assert "block 3: non-finite loss or model on worker(s) [1] (rank(s) [2])" in out
-    assert "Lower optim.lr or raise algorithm.rho" in out
+    # the message names the block, the rank and the worker, and the exact command
+    # that resumes with a lower learning rate (it changed on purpose: hardening 2)
+    assert "diverged at block 3 (rank(s) [2]): non-finite loss or model on worker(s) [1]" in out
+    assert "Lower optim.lr (now 0.02) or raise algorithm.rho (now 0.01)" in out
+    assert "mpiexec -n 3 ibtmpi train " in out and out.rstrip().endswith("--set optim.lr=0.01")
     assert ckpt.complete(str(run))[-1] == 2         # the good one, not block 3
     m = ckpt.read_manifest(str(run), 2)
     assert all(os.path.exists(os.path.join(ckpt.ckpt_dir(str(run), 2), f)) for f in m["files"])

@@ -468,3 +468,71 @@ def test_a_stopped_worker_is_found_by_the_default_watchdog(small_dataset, tmp_pa
     st = subprocess.run(IBTMPI + ["status", str(run)], capture_output=True, text=True,
                         timeout=60).stdout
     assert "hung rank" in st, st
+
+
+# item 3: the divergence advice works: lr and rho may change on a resume
+def test_divergence_advice_resumes_with_a_lower_lr(small_dataset, tmp_path, capsys,
+                                                    monkeypatch):
+    import json
+    import subprocess
+    import sys
+    from ibtmpi import checkpoint as ckpt
+    from conftest import IBTMPI
+    run = tmp_path / "run"
+    argv = ["train"] + train_args(small_dataset, run, passes=2, **{
+        "algorithm.name": "admm", "run.checkpoint_every": 2})
+    monkeypatch.setenv("IBTMPI_FAULT", "0:7:nan")
+    monkeypatch.setattr(sys, "argv", ["ibtmpi"] + argv)
+    assert main(argv) == 4
+    out, err = capsys.readouterr()
+    line = [x for x in out.splitlines() if "diverged" in x][0]
+    assert line.startswith("ibtmpi train: diverged at block 7 (rank(s) [0]): ")
+    assert f"the last good checkpoint {ckpt.ckpt_dir(str(run), 5)} is kept" in line
+    assert line.endswith(" --set optim.lr=0.01") and "RuntimeWarning" not in out + err
+    st = subprocess.run(IBTMPI + ["status", str(run)], capture_output=True, text=True,
+                        timeout=60).stdout
+    assert "diverged at block 7 (rank(s) [0])" in st and "stopped" not in st, st
+    # the advised command: the same with --set optim.lr=0.01, and a rho change too
+    monkeypatch.delenv("IBTMPI_FAULT")
+    rc = main(argv + ["--set", "optim.lr=0.01", "--set", "algorithm.rho=0.05"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    said = "algorithm.rho 0.01 -> 0.05, optim.lr 0.02 -> 0.01"
+    assert f"resuming with changed settings at block 6: {said}" in out
+    recs = [json.loads(x) for x in open(run / "metrics.jsonl")]
+    assert [r.get("config_changed") for r in recs if r["block"] == 6] == [said]
+    assert {r["lr"] for r in recs if r["block"] >= 6} == {0.01}
+    assert {r["rho"] for r in recs if r["block"] >= 6} == {0.05}
+    m = ckpt.read_manifest(str(run), ckpt.complete(str(run))[-1])
+    assert m["changed"] == [{"block": 6, "changes": said}]
+    # a key that changes the model or the data order still refuses
+    assert main(argv + ["--set", "data.batch=8"]) == 2
+
+
+def test_a_divergence_in_block_0_claims_no_checkpoint(small_dataset, tmp_path, capsys,
+                                                      monkeypatch):
+    monkeypatch.setenv("IBTMPI_FAULT", "0:0:nan")
+    assert main(["train"] + train_args(small_dataset, tmp_path / "r")) == 4
+    out = capsys.readouterr().out
+    assert "no checkpoint was written before it" in out and "is kept" not in out
+
+
+def test_set_rho_keeps_the_unscaled_duals(small_dataset, tmp_path):
+    import numpy as np
+    from ibtmpi.train import Trainer
+    cfg = config.load(None, ["data.path=" + small_dataset, "algorithm.name=admm",
+                             "model.layers=tiny", "data.split_size=40", "run.simulate=2",
+                             f"run.dir={tmp_path / 'r'}", "run.quiet=true"])
+    t = Trainer(cfg, log=lambda m: None)
+    rng = np.random.default_rng(0)
+    t.cons.U[...] = rng.standard_normal(t.cons.U.shape).astype(np.float32)
+    states = [t.states[i] for i in t.local]
+    for ws in states:
+        ws.u[...] = rng.standard_normal(ws.u.shape).astype(np.float32)
+    y_U = t.cons.rho * t.cons.U.astype(np.float64)
+    y_u = [t.cons.rho * ws.u.astype(np.float64) for ws in states]
+    t.cons.set_rho(0.04, states)
+    assert t.cons.rho == 0.04
+    assert np.allclose(0.04 * t.cons.U, y_U, rtol=1e-6)
+    for ws, y in zip(states, y_u):
+        assert np.allclose(0.04 * ws.u, y, rtol=1e-6)

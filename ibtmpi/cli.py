@@ -188,6 +188,9 @@ def _add_status(sub):
 
 def _add_info(sub):
     p = sub.add_parser("info", help="versions, MPI library, threads, model summary")
+    p.add_argument("--srun-mpi", action="store_true",
+                   help="print only the srun --mpi plugin this environment's MPI needs "
+                        "(pmi2 for MPICH, pmix for Open MPI): what the Slurm templates use")
     p.add_argument("--model", default="reference")
     p.add_argument("--image-size", type=_positive_int, default=64)
     p.add_argument("--classes", type=_positive_int, default=5)
@@ -223,7 +226,24 @@ def _model(spec, size, classes, seed=0):
         raise UsageError(str(e)) from None
 
 
+def srun_mpi_plugin(library):
+    """srun's --mpi for an MPI library version string: pmix for Open MPI
+    (4 and later are built with PMIx), pmi2 for MPICH and its relatives
+    (the PyPI wheel; stock Debian Slurm has pmi2 but may lack PMIx)."""
+    return "pmix" if "open mpi" in library.lower() else "pmi2"
+
+
 def cmd_info(args):
+    if args.srun_mpi:               # the library's name, without starting MPI
+        try:
+            import mpi4py
+            mpi4py.rc.initialize = mpi4py.rc.finalize = False
+            from mpi4py import MPI
+            library = MPI.Get_library_version()
+        except Exception:           # no usable mpi4py: the MPICH wheel is the default
+            library = ""
+        print(srun_mpi_plugin(library))
+        return 0
     import numpy as np
     from . import comm, threads
     n = threads.configure("auto")

@@ -536,3 +536,26 @@ def test_set_rho_keeps_the_unscaled_duals(small_dataset, tmp_path):
     assert np.allclose(0.04 * t.cons.U, y_U, rtol=1e-6)
     for ws, y in zip(states, y_u):
         assert np.allclose(0.04 * ws.u, y, rtol=1e-6)
+
+
+# item 19: templates that run on a stock cluster with the recommended install
+def test_srun_mpi_plugin_follows_the_venvs_mpi(capsys):
+    from ibtmpi.cli import srun_mpi_plugin
+    assert srun_mpi_plugin("MPICH Version: 5.0.2") == "pmi2"
+    assert srun_mpi_plugin("Open MPI v5.0.11, package: Open MPI") == "pmix"
+    assert main(["info", "--srun-mpi"]) == 0
+    out = capsys.readouterr().out.strip()
+    from ibtmpi import comm
+    assert out == srun_mpi_plugin(comm.library_version())
+
+
+def test_templates_ask_no_long_time_limit_and_say_their_pmi():
+    import re
+    for path in glob.glob(os.path.join(ROOT, "slurm", "*.sbatch")):
+        text = open(path).read()
+        for t in re.findall(r"^#SBATCH --time=(\S+)", text, re.M):
+            h = int(t.split(":")[0]) if ":" in t else 0
+            assert h <= 1, (path, t)            # fits a 2-hour partition
+        if "srun --mpi" in text:
+            assert "pmix}" not in text and "info --srun-mpi" in text, path
+            assert 'echo "srun --mpi=$PMI' in text, path

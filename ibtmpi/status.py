@@ -147,6 +147,11 @@ def inspect(run_dir):
         info["state"] = "stopped"
     else:
         info["state"] = "not started"
+    if info["state"] in ("stopped", "not started"):
+        from .train.lifecycle import lost_rank
+        lost = lost_rank(run_dir)          # a rank killed without a word (SIGKILL)
+        if lost:
+            info["lost_rank"] = lost
     # workers that waited for cores: a finished run's whole-run count, else
     # the live report's rule over the last blocks
     starved = (starved_workers(summary) if info["state"] == "finished"
@@ -203,6 +208,9 @@ def describe(info):
         names = ", ".join(os.path.basename(e) for e in info["errors"])
         why = f": {info['reason']}" if info.get("reason") else ""
         line = f"failed after {prog}{why} (see {names}); {resume}"
+    elif state == "stopped" and info.get("lost_rank"):
+        from .train.lifecycle import lost_rank_text
+        line = (f"stopped after {prog}: {lost_rank_text(info['lost_rank'])}; {resume}")
     elif state == "stopped":
         line = f"stopped after {prog}, not running; {resume}"
     else:

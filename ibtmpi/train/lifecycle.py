@@ -279,3 +279,81 @@ def retire_errors(run_dir, before):
             os.replace(path, os.path.join(old, f"{os.path.basename(path)[:-4]}-{stamp}.txt"))
         except OSError:
             pass                  # gone meanwhile, or a read-only dir: status copes
+
+
+# -- which rank was lost: a watcher per rank notes when its process ended -------
+RANKS_DIR = ".ranks"
+WATCHER = 'cat > "$1.out"; date +%s.%N > "$1.end"'
+
+
+class Lifeline:
+    """A tiny watcher process (sh, cat, date) per rank of an MPI job that
+    notes when the rank's process ended and whether it ended through
+    Python's exit (it then says "ok" first). A rank the kernel killed
+    (SIGKILL, the OOM killer) says nothing; when the launcher then kills
+    the others, the lost rank is the one that ended first, which the next
+    start and `ibtmpi status` name (the launcher's banner may not). The
+    watcher runs in its own session, so a Ctrl-C to the job's process
+    group leaves it; a launcher that kills a whole cgroup (srun) takes it
+    along, and then nothing is named."""
+
+    def __init__(self, run_dir, rank, host):
+        import atexit
+        import json
+        import subprocess
+        d = os.path.join(run_dir, RANKS_DIR)
+        os.makedirs(d, exist_ok=True)
+        self.base = os.path.join(d, f"rank-{rank}")
+        for ext in (".out", ".end"):
+            try:
+                os.remove(self.base + ext)
+            except FileNotFoundError:
+                pass
+        with open(self.base + ".json", "w") as f:
+            json.dump({"rank": rank, "host": host, "pid": os.getpid()}, f)
+        r, self.w = os.pipe()
+        try:
+            subprocess.Popen(["sh", "-c", WATCHER, "sh", self.base], stdin=r,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True, close_fds=True)
+        finally:
+            os.close(r)
+        atexit.register(self.goodbye)
+
+    def goodbye(self):
+        try:
+            os.write(self.w, b"ok")
+            os.close(self.w)
+        except OSError:
+            pass
+
+
+def lost_rank(run_dir):
+    """The rank of the last MPI job in run_dir that ended first without
+    saying goodbye, as {rank, host, pid, lead_s} (lead_s: how long before
+    the next rank ended), or None."""
+    import glob
+    import json
+    ends = []
+    for path in glob.glob(os.path.join(run_dir, RANKS_DIR, "rank-*.json")):
+        base = path[:-5]
+        try:
+            info = json.load(open(path))
+            end = float(open(base + ".end").read().strip())
+            said = open(base + ".out").read().strip()
+        except (OSError, ValueError):
+            continue
+        ends.append((end, said == "ok", info))
+    ends.sort(key=lambda e: e[0])
+    if len(ends) < 2 or ends[0][1]:
+        return None
+    first = ends[0][2]
+    return {"rank": first["rank"], "host": first["host"], "pid": first["pid"],
+            "lead_s": round(ends[1][0] - ends[0][0], 3)}
+
+
+def lost_rank_text(lost):
+    return (f"rank {lost['rank']} (pid {lost['pid']} on {lost['host']}) ended first, "
+            f"{lost['lead_s']:.2f} s before the others, without a word: killed "
+            f"(SIGKILL, the out-of-memory killer) or its node lost")
+

@@ -263,7 +263,14 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         """Placement, resume point, run directory, reports: (the block to
         start from, this job's timeline segment or None)."""
         r = self.cfg["run"]
+        lost = (lifecycle.lost_rank(self.run_dir)         # the previous job's, before
+                if self.is_master and self.dist else None)  # this one's watchers start
         self.placement = self._placement()
+        if self.dist:
+            self.lifeline = lifecycle.Lifeline(self.run_dir, self.rank, self.placement[self.rank][0])
+        if lost:
+            self.log(f"the previous job in {self.run_dir} ended when "
+                     f"{lifecycle.lost_rank_text(lost)}")
         start = self.start = self._restore()
         if self.is_master and start:
             self._read_history(start)

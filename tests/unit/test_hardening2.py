@@ -559,3 +559,59 @@ def test_templates_ask_no_long_time_limit_and_say_their_pmi():
         if "srun --mpi" in text:
             assert "pmix}" not in text and "info --srun-mpi" in text, path
             assert 'echo "srun --mpi=$PMI' in text, path
+
+
+# item 17: a worker killed without a word is named afterwards
+def test_lost_rank_is_the_one_that_ended_first_without_a_word(tmp_path):
+    import json
+    from ibtmpi.train.lifecycle import RANKS_DIR, lost_rank
+    d = tmp_path / RANKS_DIR
+    d.mkdir()
+    for r, end, said in [(0, 100.30, ""), (1, 100.31, ""), (2, 100.25, "")]:
+        (d / f"rank-{r}.json").write_text(json.dumps({"rank": r, "host": "n1", "pid": 10 + r}))
+        (d / f"rank-{r}.end").write_text(f"{end}\n")
+        (d / f"rank-{r}.out").write_text(said)
+    assert lost_rank(str(tmp_path)) == {"rank": 2, "host": "n1", "pid": 12, "lead_s": 0.05}
+    (d / "rank-2.out").write_text("ok")         # it said goodbye: an ordinary end
+    assert lost_rank(str(tmp_path)) is None
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(os.path.dirname(__import__("sys").executable),
+                                                    "mpiexec")), reason="no mpiexec")
+def test_a_sigkilled_worker_is_named_by_status_and_the_next_start(small_dataset, tmp_path):
+    import signal
+    import subprocess
+    import time
+    from conftest import IBTMPI, mpiexec
+    run = tmp_path / "run"
+    cmd = mpiexec(3) + IBTMPI + ["train"] + train_args(
+        small_dataset, run, passes=400, **{"run.quiet": "false", "run.progress_s": 0})
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("placement:"):
+            break
+    time.sleep(1.0)
+    worker = None
+    for d in os.listdir("/proc"):
+        try:
+            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+            c = open(f"/proc/{d}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"ibtmpi" in c and str(run).encode() in c and (
+                b"PMI_RANK=2" in env or b"OMPI_COMM_WORLD_RANK=2" in env):
+            worker = int(d)
+    assert worker
+    os.kill(worker, signal.SIGKILL)
+    p.communicate(timeout=60)
+    assert p.returncode != 0
+    time.sleep(0.5)                       # the watchers write as they see the end
+    st = subprocess.run(IBTMPI + ["status", str(run)], capture_output=True, text=True,
+                        timeout=60).stdout
+    assert f"rank 2 (pid {worker} on " in st and "without a word" in st, st
+    # the next job of the run says so too (a short one: it resumes and ends)
+    r = subprocess.run(mpiexec(3) + IBTMPI + ["train"] + train_args(small_dataset, run,
+                                                                    passes=0.5),
+                       capture_output=True, text=True, timeout=120)
+    assert f"the previous job in {run} ended when rank 2 (pid {worker}" in r.stdout, \
+        r.stdout + r.stderr

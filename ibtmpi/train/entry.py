@@ -29,29 +29,11 @@ def choose_device(asked, log, master=True):
 
 
 def cmd_train(args):
-    import os
-    from .. import comm, threads
-    from ..backend import DeviceError
-    from ..checkpoint import CheckpointError
-    from ..config import ConfigError, load
-    from ..dataset import DatasetError
-    from ..fsutil import EXIT_STORAGE, is_storage_error
-    from .lifecycle import (EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PREEMPTED, Diverged,
-                            Preempted, WatchdogTimeout)
-    from .trainer import Trainer
+    """`ibtmpi train`: start up on every rank, agree, then train; every way
+    out is an exit status and one line (docs/reliability.md)."""
+    import types
+    from .. import comm
     size, rank = comm.world_size(), comm.world_rank()
-    # the shorthand flags first, then --set: an explicit --set of the same
-    # key wins (a template's --quiet is undone by --set run.quiet=false)
-    overrides = []
-    if args.simulate:
-        overrides.append(f"run.simulate={args.simulate}")
-    if args.quiet:
-        overrides.append("run.quiet=true")
-    if args.resume:
-        overrides.append("run.resume=always")
-    if args.cuda_aware:
-        overrides.append(f"run.cuda_aware={args.cuda_aware}")
-    overrides += list(args.set)
 
     def log(msg):
         if rank == 0:
@@ -61,9 +43,64 @@ def cmd_train(args):
         fmt = warnings.formatwarning
         warnings.formatwarning = lambda *a, **k: f"[rank {rank}] " + fmt(*a, **k)
     comm.install_abort_hooks(rank)
-    bad_input = (ConfigError, DatasetError, CheckpointError, DeviceError, ValueError, OSError)
-    cfg = device_ops = None
-    made = []                        # run directories this start created, top first
+    st = types.SimpleNamespace(cfg=None, device_ops=None, made=[], trainer=None)
+    try:
+        err = _start_up(args, st, size, rank, log)
+    except MemoryError as e:              # building the model, buffers, data caches
+        _remove_empty(st.made)
+        return _out_of_memory(e, None, st.cfg, st.device_ops, size, rank)
+    # Every rank gets here, failed or not, with no collective since the
+    # device choice: agree, so that a start refused on any rank (a bad
+    # config everywhere, data missing on one node) ends every rank in order
+    # with exit 2 and one line from rank 0, not with MPI_Abort's banner.
+    bad = [(r, m) for r, m in enumerate(comm.allgather(err) if size > 1 else [err]) if m]
+    if bad:
+        _remove_empty(st.made)       # a refused start leaves no empty run directory
+        if rank == 0:
+            who, msg = bad[0]
+            print(msg if who == 0 else f"[rank {who}] {msg}", file=sys.stderr, flush=True)
+        return 2
+    if args.dry_run:
+        try:
+            for line in st.trainer.plan():
+                log(line)
+            return 0
+        except _bad_input() as e:
+            return fail(f"ibtmpi train: error: {e}", 2, size, rank)
+    return _train(st, size, rank, log)
+
+
+def _bad_input():
+    """The exceptions that are bad input (exit 2) at start-up."""
+    from ..backend import DeviceError
+    from ..checkpoint import CheckpointError
+    from ..config import ConfigError
+    from ..dataset import DatasetError
+    return (ConfigError, DatasetError, CheckpointError, DeviceError, ValueError, OSError)
+
+
+def _overrides(args):
+    """The shorthand flags first, then --set: an explicit --set of the same
+    key wins (a template's --quiet is undone by --set run.quiet=false)."""
+    out = []
+    if args.simulate:
+        out.append(f"run.simulate={args.simulate}")
+    if args.quiet:
+        out.append("run.quiet=true")
+    if args.resume:
+        out.append("run.resume=always")
+    if args.cuda_aware:
+        out.append(f"run.cuda_aware={args.cuda_aware}")
+    return out + list(args.set)
+
+
+def _start_up(args, st, size, rank, log):
+    """Device, configuration, run directory, the Trainer (into st); the
+    one-line error of bad input, or None. MemoryError goes up."""
+    import os
+    from .. import comm, threads
+    from ..config import ConfigError, load
+    from .trainer import Trainer
     try:
         ntasks = os.environ.get("SLURM_NTASKS", "")
         if size == 1 and not args.simulate and ntasks.isdigit() and int(ntasks) > 1:
@@ -79,13 +116,13 @@ def cmd_train(args):
             if local >= 0 or args.simulate:   # the master needs no GPU
                 from ..backend import GpuOps, bind_worker_gpu
                 gpu = bind_worker_gpu(max(local, 0))
-                device_ops = GpuOps()
+                st.device_ops = GpuOps()
                 if rank <= 1:
                     log(f"workers compute on GPU (rank {rank}: device {gpu})")
-        cfg = load(args.config, overrides)
+        st.cfg = cfg = load(args.config, _overrides(args))
         # every rank writes its checkpoint file there: find out now, not
         # after the first pass of compute
-        made = _check_writable(cfg["run"]["dir"], create=not args.dry_run)
+        st.made = _check_writable(cfg["run"]["dir"], create=not args.dry_run)
         threads.configure(cfg["run"]["threads"])
         from ..backend import resolve_cuda_aware
         distributed = size > 1 and not cfg["run"]["simulate"]
@@ -94,32 +131,21 @@ def cmd_train(args):
             comm.cuda_support() if on_gpu and distributed else (None, ""))
         if on_gpu and rank == 0:
             log(f"block buffers: {why}")
-        trainer = Trainer(cfg, log=log, device_ops=device_ops, gpu_buffers=gpu_buffers)
-    except bad_input as e:
-        err = f"ibtmpi train: error: {e}"
-    except MemoryError as e:              # building the model, buffers, data caches
-        _remove_empty(made)
-        return _out_of_memory(e, None, cfg, device_ops, size, rank)
-    else:
-        err = None
-    # Every rank gets here, failed or not, with no collective since the
-    # device choice: agree, so that a start refused on any rank (a bad
-    # config everywhere, data missing on one node) ends every rank in order
-    # with exit 2 and one line from rank 0, not with MPI_Abort's banner.
-    bad = [(r, m) for r, m in enumerate(comm.allgather(err) if size > 1 else [err]) if m]
-    if bad:
-        _remove_empty(made)          # a refused start leaves no empty run directory
-        if rank == 0:
-            who, msg = bad[0]
-            print(msg if who == 0 else f"[rank {who}] {msg}", file=sys.stderr, flush=True)
-        return 2
-    try:
-        if args.dry_run:
-            for line in trainer.plan():
-                log(line)
-            return 0
-    except bad_input as e:
-        return fail(f"ibtmpi train: error: {e}", 2, size, rank)
+        st.trainer = Trainer(cfg, log=log, device_ops=st.device_ops, gpu_buffers=gpu_buffers)
+    except _bad_input() as e:
+        return f"ibtmpi train: error: {e}"
+    return None
+
+
+def _train(st, size, rank, log):
+    """trainer.run(), and each way it can end as an exit status."""
+    from ..checkpoint import CheckpointError
+    from ..config import ConfigError
+    from ..dataset import DatasetError
+    from ..fsutil import EXIT_STORAGE, is_storage_error
+    from .lifecycle import (EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PREEMPTED, Diverged,
+                            Preempted, WatchdogTimeout)
+    trainer, cfg = st.trainer, st.cfg
     try:
         trainer.run()
     except Preempted as e:
@@ -148,13 +174,13 @@ def cmd_train(args):
         if is_storage_error(e):          # disk full, quota, read-only: say so in one line
             where = f" {e.filename}" if e.filename else ""
             return fail(f"[rank {rank}] ibtmpi train: error: cannot write{where}: "
-                         f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
-                         f"Complete checkpoints are kept: free space (or fix the file "
-                         f"system) and run the same command again to resume",
-                         EXIT_STORAGE, size, rank, every_rank=True)
+                        f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
+                        f"Complete checkpoints are kept: free space (or fix the file "
+                        f"system) and run the same command again to resume",
+                        EXIT_STORAGE, size, rank, every_rank=True)
         return _crash(trainer, cfg, size, rank)
     except MemoryError as e:             # CuPy's OutOfMemoryError, NumPy's too
-        return _out_of_memory(e, trainer, cfg, device_ops, size, rank)
+        return _out_of_memory(e, trainer, cfg, st.device_ops, size, rank)
     except WatchdogTimeout as e:         # a rank stopped answering: one line, abort
         msg = (f"[rank {rank}] ibtmpi train: hung rank: {e}. The job is aborted; "
                f"complete checkpoints are kept (rerun to resume); run.watchdog_s sets "

@@ -19,11 +19,12 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from .. import comm as mpi
-from .. import memory, runlock, timeline
+from .. import memory, timeline
 from ..model import Model
 from ..monitor import (Progress, Starved, Stragglers, eval_rank, oversubscription_text,
                        placement_text, ranges)
 from ..outputs import save_model
+from .plan import split_note
 
 BEST = "model-best.npz"
 
@@ -191,86 +192,9 @@ class MasterReports:
                 pass
 
     def plan(self):
-        """What run() would do, checked the way run() checks it, with nothing
-        trained or written (train --dry-run): the run directory's lock, which
-        checkpoint it would resume from (every rank reads its own file), the
-        schedule and the traffic. Every rank must call it; the master gets
-        the lines to print, the workers []."""
-        lock = runlock.probe(self.run_dir) if self.is_master else None
-        self.placement = self._placement()
-        start = self._restore(dry=True)
-        if not (self.simulate or mpi.world_size() == 1):
-            mpi.allgather(None)        # every rank got this far: only then "would start"
-        if not self.is_master:
-            return []
-        s, r, n = self.sched, self.cfg["run"], self.n_workers
-        ds = self.ds
-        h, w, c = ds.image_shape
-        if self.simulate:
-            how = f"{n} workers simulated in one process"
-        elif mpi.world_size() > 1:
-            how = f"{n} workers, {mpi.world_size()} processes (rank 0 the master)"
-        else:
-            how = "1 worker, one process (the baseline)"
-        splits = ", ".join(f"{k} {ds.split(k).n:,d}" for k in ds.splits)
-        per_pass = s.steps_per_pass() if self.A.per_step else s.blocks_per_pass
-        mib = self.packet.size * 4 / 2**20
-        every = r["checkpoint_every"] or s.blocks_per_pass
-        if start:
-            resume = (f"resume from {ckpt.ckpt_dir(self.run_dir, start - 1)} "
-                      f"(block {start} of {self.total_blocks})")
-        else:
-            resume = "start from block 0" + (f", {self.init_note}" if self.init_note else "")
-        warn = oversubscription_text(self.placement)
-        return [
-            "dry run: nothing trained, nothing written; the job would start as follows",
-            f"  job: {self.algo}, {how}; workers compute on "
-            f"{'gpu' if self.dev is not None else 'cpu'}",
-            f"  data: {ds.path}: {splits} images {h}x{w}x{c}, {ds.n_classes} classes",
-            f"  blocks: split {s.split_len(0, 0):,d} per worker{self._split_note()} (block "
-            f"{sum(s.split_len(i, 0) for i in range(n)):,d}), "
-            f"batch {s.batch}, {s.max_range:,d} samples per worker: {s.blocks_per_pass} "
-            f"blocks per pass, {s.steps_in_block(0)} steps per block; {self.total_blocks} "
-            f"blocks for {r['passes']:g} pass(es)",
-            f"  model: {self.cfg['model']['layers']}, {self.P:,d} parameters "
-            f"({self.P * 4 / 2**20:.1f} MiB float32)",
-            f"  {self.lr_at.describe() or 'lr: constant ' + format(self.lr_at.lr, 'g')}",
-            "  communication: " + (
-                "none (one process: the block's packet is summed in place, no MPI)"
-                if n == 1 and not self.simulate and mpi.world_size() == 1 else
-                f"{per_pass} Allreduce(s) per pass "
-                f"({'one per step' if self.A.per_step else 'one per block'}) of "
-                f"{self.packet.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB "
-                f"per pass" + (" in an MPI run (simulated here: no MPI)"
-                               if self.simulate else "")),
-            f"  checkpoints: every {every} block(s), {r['keep_checkpoints']} kept; {resume}",
-            "  evaluation: " + (
-                "none (no val split)" if "val" not in ds.splits else
-                f"z on val every {r['eval_every'] or s.blocks_per_pass} block(s)"
-                + ("; the best kept as model-best.npz" if r["keep_best"] else "")
-                + (f"; early stop after {r['early_stop']} evaluations without a better "
-                   f"one" + (f" (val accuracy up by more than {r['early_stop_delta']:g})"
-                             if r["early_stop_delta"] else "") if r["early_stop"] else "")),
-            "  " + placement_text(self.placement),
-            *([f"  {warn}"] if warn else []),
-            f"  run.dir: {self.run_dir}: "
-            + ("free" if lock is None else f"its lock would be taken over ({lock})"),
-            "  time limit: " + ("none" if self.deadline is None else
-                                f"{self.deadline.text()}: stops with a checkpoint before it"),
-        ] + (["  diagnostics: " + "; ".join(
-            t for t, on in (("cProfile of every rank (profile-rank-R.txt, .pstats)",
-                             r["profile"]),
-                            (f"timeline of every rank ({timeline.MERGED})", r["timeline"]))
-            if on)] if r["profile"] or r["timeline"] else [])
-
-    def _split_note(self):
-        """Where the asked split is more than a worker's range: say so."""
-        s = self.sched
-        if s.split_size <= s.min_range:
-            return ""
-        return (f" (data.split_size {s.split_size:,d} is more than a worker's "
-                f"{s.min_range:,d} samples: each worker takes its whole range, one "
-                f"block per pass)")
+        """--dry-run: the lines saying what the run would do (train/plan.py)."""
+        from .plan import plan_lines
+        return plan_lines(self)
 
     def _read_history(self, start):
         """Master, resuming at `start`: the metrics lines of the blocks the
@@ -315,7 +239,7 @@ class MasterReports:
         self.log(f"{self.algo}: {self.n_workers} worker(s)"
                  f"{' (simulated)' if self.simulate else ''}, "
                  f"{self.sched.n} train images, split {self.sched.split_len(0, 0)}"
-                 f"{self._split_note()}, "
+                 f"{split_note(self.sched)}, "
                  f"batch {self.sched.batch}, {self.sched.blocks_per_pass} blocks/pass, "
                  f"{self.total_blocks} blocks, model {self.P:,d} parameters")
         if self.init_note and not start:

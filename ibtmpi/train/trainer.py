@@ -33,7 +33,7 @@ from ..loader import WorkerData
 from ..model import Model
 from ..schedule import Schedule, split_size_for
 from . import lifecycle
-from .lifecycle import Deadline, Diverged, Faults, Preempted
+from .lifecycle import Deadline, Faults, Preempted
 from .master import MasterReports
 from .packet import BlockPacket
 from .state import CheckpointState

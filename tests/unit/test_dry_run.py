@@ -72,11 +72,16 @@ def test_dry_run_fails_where_the_run_would(small_dataset, tmp_path, capsys):
     run = str(tmp_path / "r")
     assert main(["train", "--simulate", "2"] + sets(small_dataset, run)) == 0
     capsys.readouterr()
-    # another configuration in the same directory
+    # another configuration in the same directory (the batch: the data order;
+    # optim.lr may change on a resume since hardening round 2, and says so)
     assert main(["train", "--dry-run", "--simulate", "2"]
-                + sets(small_dataset, run, **{"optim.lr": 0.5})) == 2
-    assert ("written by another configuration (optim.lr: 0.02 in the checkpoint, 0.5 "
+                + sets(small_dataset, run, **{"data.batch": 8})) == 2
+    assert ("written by another configuration (data.batch: 16 in the checkpoint, 8 "
             "now)") in capsys.readouterr().err
+    assert main(["train", "--dry-run", "--simulate", "2"]
+                + sets(small_dataset, run, **{"optim.lr": 0.5})) == 0
+    assert ("would resume with changed settings at block 6: optim.lr 0.02 -> 0.5"
+            in capsys.readouterr().out)
     # another worker count
     assert main(["train", "--dry-run", "--simulate", "3"] + sets(small_dataset, run)) == 2
     assert "was written by 2 worker(s)" in capsys.readouterr().err

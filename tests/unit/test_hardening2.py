@@ -67,7 +67,7 @@ def test_refused_start_keeps_an_existing_run_directory(small_dataset, tmp_path):
 
 # item 12: a demo with other settings gets its own run (and data) directory
 def _demo(*argv):
-    from ibtmpi.cli import _demo_names
+    from ibtmpi.envcmds import _demo_names
     return _demo_names(build_parser().parse_args(["demo", *argv]))
 
 
@@ -359,7 +359,7 @@ def test_docs_list_what_model_npz_holds(trained):
                                                     "mpiexec")), reason="no mpiexec")
 def test_errors_every_rank_knows_end_without_abort(small_dataset, tmp_path):
     import subprocess
-    import sys
+
     from conftest import IBTMPI, mpiexec
 
     def run(*sets):
@@ -385,7 +385,7 @@ def test_errors_every_rank_knows_end_without_abort(small_dataset, tmp_path):
 def test_ctrl_c_checkpoints_and_resumes(small_dataset, tmp_path, n):
     import signal
     import subprocess
-    import sys
+
     import time
     from ibtmpi import checkpoint as ckpt
     from conftest import IBTMPI, MPIEXEC, mpiexec
@@ -425,7 +425,7 @@ def test_a_stopped_worker_is_found_by_the_default_watchdog(small_dataset, tmp_pa
     one line naming the rank, exit 1, and `ibtmpi status` says hung rank."""
     import signal
     import subprocess
-    import sys
+
     import time
     from conftest import IBTMPI, mpiexec
     run = tmp_path / "run"
@@ -540,7 +540,7 @@ def test_set_rho_keeps_the_unscaled_duals(small_dataset, tmp_path):
 
 # item 19: templates that run on a stock cluster with the recommended install
 def test_srun_mpi_plugin_follows_the_venvs_mpi(capsys):
-    from ibtmpi.cli import srun_mpi_plugin
+    from ibtmpi.envcmds import srun_mpi_plugin
     assert srun_mpi_plugin("MPICH Version: 5.0.2") == "pmi2"
     assert srun_mpi_plugin("Open MPI v5.0.11, package: Open MPI") == "pmix"
     assert main(["info", "--srun-mpi"]) == 0

@@ -1,8 +1,10 @@
 """ibtmpi: MPI training of CNN image classifiers by Incremental Block Training
 (IBT) with global-consensus ADMM. See README.md and docs/."""
 import os as _os
+import time as _time
 
 __version__ = "0.1.0"
+IMPORTED_AT = _time.time()     # start-up time where /proc cannot say
 
 # OpenBLAS's worker threads busy-wait 2^28 cycles (about 0.1 s) after each
 # BLAS call before they sleep: a rank that goes from a GEMM into a wait (the

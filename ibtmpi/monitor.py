@@ -154,6 +154,56 @@ class Stragglers:
         return slow, self.recent.count(slow), found[1]
 
 
+def master_late(busy, compute_max):
+    """The master delayed the block: its own work between two Allreduces
+    (update, evaluation batches, checkpoint, metrics) outlasted the slowest
+    worker's compute, by 5% and a millisecond at least."""
+    return busy > 1.05 * compute_max + 1e-3
+
+
+class MasterLate:
+    """Master (a rank of its own): the blocks in which the workers waited
+    for it (master_late); once it was late in `need` of the last `window`
+    blocks, block() says so, once per run (DESIGN.md section 10: the master
+    must not be the critical path)."""
+
+    def __init__(self, window=REPORT_WINDOW, need=REPORT_NEED):
+        self.window, self.need = window, need
+        self.recent = []                 # late or not, the last `window` blocks
+        self.count = 0                   # blocks it was late in, this job
+        self.reported = False
+
+    def block(self, busy, compute_max):
+        """True the first time the master is late in `need` of `window` blocks."""
+        late = master_late(busy, compute_max)
+        self.count += late
+        self.recent = (self.recent + [late])[-self.window:]
+        if self.reported or sum(self.recent) < self.need:
+            return False
+        self.reported = True
+        return True
+
+
+def master_late_recent(recs, window=REPORT_WINDOW, need=REPORT_NEED):
+    """{blocks, of, busy_s, compute_s} (medians over the late blocks) when
+    the master was late in `need` of the last `window` metrics lines."""
+    import statistics
+    rows = [r for r in recs[-window:] if "master_busy_s" in r and not r.get("master_is_worker")]
+    late = [r for r in rows if master_late(r["master_busy_s"], r["compute_max_s"])]
+    if len(rows) < window // 2 or len(late) < need:
+        return None
+    return {"blocks": len(late), "of": len(rows),
+            "busy_s": statistics.median(r["master_busy_s"] for r in late),
+            "compute_s": statistics.median(r["compute_max_s"] for r in late)}
+
+
+def master_late_text(late):
+    return (f"the master's own work between two Allreduces (update, evaluation, "
+            f"checkpoint, metrics) outlasted the workers' compute in {late['blocks']} of "
+            f"the last {late['of']} blocks ({late['busy_s'] * 1e3:.1f} ms against "
+            f"{late['compute_s'] * 1e3:.1f} ms, medians): the workers wait for it")
+
+
 class Starved:
     """Master: CPU workers that wait for a core. A worker is starved in a
     block when its process had the CPU for less than STARVED_SHARE of a

@@ -13,7 +13,8 @@ import re
 from . import checkpoint as ckpt
 from . import runlock
 from .memory import MemoryGrowth, worker_peaks_text
-from .monitor import (STARVED_SHARE, eval_rank, hms, ranges, slow_worker, starved_recent,
+from .monitor import (STARVED_SHARE, eval_rank, hms, master_late_recent, master_late_text,
+                      ranges, slow_worker, starved_recent,
                       starved_workers)
 
 
@@ -111,6 +112,9 @@ def inspect(run_dir):
         slow = straggler(recs)
         if slow:
             info["straggler"] = slow
+        late = master_late_recent(recs)
+        if late:
+            info["master_late"] = late
         if last.get("peak_rss_mib"):          # the workers' high-water marks
             info["memory"] = {"rss_mib": max(last["peak_rss_mib"]),
                               "gpu_pool_mib": max(last.get("gpu_pool_mib") or [0])}
@@ -237,4 +241,6 @@ def describe(info):
     if slow:
         line += (f"; worker {slow['worker']} computed longest in {slow['blocks']} of the "
                  f"last {slow['of']} blocks ({slow['ratio']:.2f}x the median worker)")
+    if info.get("master_late"):
+        line += "; " + master_late_text(info["master_late"])
     return f"{info['run_dir']}: {line}"

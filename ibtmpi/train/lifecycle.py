@@ -72,6 +72,20 @@ def stuck_ranks(placement):
     return out
 
 
+def process_age_s():
+    """Seconds since this process started (Linux: /proc; elsewhere since
+    ibtmpi was imported): the start-up's share of a run."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])     # starttime
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return max(up - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        from .. import IMPORTED_AT
+        return time.time() - IMPORTED_AT
+
+
 def watchdog_limit(setting, k, start, slowest):
     """Seconds block k may take under run.watchdog_s = setting (None: no
     limit; the same on every rank: workers send arrivals when not None)."""

@@ -21,7 +21,8 @@ from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory, timeline
 from ..model import Model
-from ..monitor import (Progress, Starved, Stragglers, eval_rank, oversubscription_text,
+from ..monitor import (MasterLate, Progress, Starved, Stragglers, eval_rank,
+                       master_late_recent, master_late_text, oversubscription_text,
                        placement_text, ranges)
 from ..outputs import save_model
 from .plan import split_note
@@ -64,6 +65,7 @@ class MasterReports:
         self.progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
             if self.is_master and self.bar is None and not r["quiet"] else None
         self.stragglers = Stragglers(n)
+        self.master_late = MasterLate()
         self.growth = memory.MemoryGrowth()
         # CPU workers (GPU workers' host threads may rightly sleep in compute);
         # one process (simulation, N = 1) has one placement row
@@ -77,7 +79,7 @@ class MasterReports:
         if self.metrics_f is not None:
             self.metrics_f.flush()
 
-    def _record(self, k, p, b, diag, wall):
+    def _record(self, k, p, b, diag, wall, busy=0.0, slack=0.0):
         """Block k's metrics line from the reduced packet (every rank)."""
         pk, n = self.packet, self.n_workers
         loss_sum, cnt, corr = pk.stat("loss_sum"), pk.stat("samples"), pk.stat("correct")
@@ -89,7 +91,10 @@ class MasterReports:
                "train_acc": corr / max(cnt, 1), "samples": int(cnt),
                "primal_residual": diag["primal"], "dual_residual": diag["dual"],
                "rho": diag["rho"], "lr": diag.get("lr", self.opt.lr),
-               "wall_s": wall,
+               "wall_s": wall,             # end of block k-1 to end of block k
+               # rank 0: its own work in that span (update, evaluation batches,
+               # checkpoint, metrics) and its sleep waiting for the workers
+               "master_busy_s": round(busy, 6), "master_slack_s": round(slack, 6),
                "time": round(time.time(), 3),      # when the block ended
                "compute_max_s": float(comp.max()),
                "compute_mean_s": float(comp.mean()),
@@ -121,6 +126,15 @@ class MasterReports:
         slow = self.stragglers.block(comp)
         if slow is not None:
             self.log(self._straggler_text(*slow))
+        if not self.local:        # a master of its own: did the workers wait for it?
+            if self.master_late.block(rec["master_busy_s"], rec["compute_max_s"]):
+                self.log("master: " + master_late_text(master_late_recent(
+                    self.history + [rec]) or {
+                        "blocks": sum(self.master_late.recent),
+                        "of": len(self.master_late.recent),
+                        "busy_s": rec["master_busy_s"], "compute_s": rec["compute_max_s"]}))
+        else:
+            rec["master_is_worker"] = True      # one process: its busy time is compute too
         starved = self.starved.block(comp, cpu)
         if self.starved.now:      # for `ibtmpi status` of a live run
             rec["starved"] = self.starved.now
@@ -254,6 +268,12 @@ class MasterReports:
     def _finish(self, t_start, cpu_start, calls0, bytes0, images):
         r = self.cfg["run"]
         wall = time.perf_counter() - t_start
+        passes = {}
+        for h in self.history:             # honest pass times: block ends to block ends
+            passes[h["pass"]] = passes.get(h["pass"], 0.0) + h["wall_s"]
+        if passes and self.history[-1]["block"] >= self.start:
+            # the last block's own tail (its checkpoint, metrics) ends the last pass
+            passes[self.history[-1]["pass"]] += getattr(self, "tail_s", 0.0)
         cpu = time.process_time() - cpu_start
         summary = {"algorithm": self.algo, "N": self.n_workers, "blocks": self.total_blocks,
                    "passes": self.total_blocks / self.sched.blocks_per_pass,
@@ -270,6 +290,15 @@ class MasterReports:
                    # start ran in earlier ones: their time is in the metrics
                    "resumed_at_block": self.start,
                    "blocks_wall_s": float(sum(h["wall_s"] for h in self.history)),
+                   # launch to the first block (imports, data, model, the
+                   # start-up collectives), the last block's own tail (its
+                   # checkpoint, metrics), and each pass's blocks summed
+                   "startup_s": round(self.startup_s, 3),
+                   "tail_s": round(getattr(self, "tail_s", 0.0), 6),
+                   "pass_s": [round(passes[p], 6) for p in sorted(passes)],
+                   "master_busy_s": float(sum(h.get("master_busy_s", 0.0)
+                                              for h in self.history)),
+                   "master_late_blocks": self.master_late.count,
                    # per worker, over every block so far: its compute wall
                    # seconds and its process's CPU seconds in them
                    **_per_worker_totals(self.history, self.n_workers),
@@ -311,11 +340,13 @@ class MasterReports:
                          f"use another run.dir")
         elif self.is_master:
             self.phase = "evaluation"
+            t_eval = time.perf_counter()
             if self.test is not None:
                 out = {}
                 for _ in self._eval_steps(self.test, self.z, out):
                     pass
                 summary["test_loss"], summary["test_acc"] = out["loss"], out["acc"]
+            summary["final_eval_s"] = round(time.perf_counter() - t_eval, 6)
             last_val = [h for h in self.history if "val_acc" in h]
             if last_val:
                 summary["val_acc"] = last_val[-1]["val_acc"]

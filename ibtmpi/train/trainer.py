@@ -313,6 +313,11 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         self._warm_up_and_trace(start, seg)
         old = lifecycle.install_stop_handlers(self)
         self.start_block, t_end = start, time.perf_counter()
+        # honest time: block k's wall runs from the end of block k-1 (its
+        # Allreduce and update) to its own end on the master, everything in
+        # between included; the first from the start of training
+        self.t_boundary, self.stats_boundary = t_start, dict(mpi.STATS)
+        self.startup_s = lifecycle.process_age_s() - (time.perf_counter() - t_start)
         # a diverging model overflows: the non-finite checks say so in one
         # line, NumPy's RuntimeWarnings must not flood the log before it
         err_old = np.seterr(over="ignore", invalid="ignore", divide="ignore")
@@ -320,10 +325,9 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
             for k in range(start, self.total_blocks):
                 self.block = k
                 self.opt.lr = self.lr_at(k)
-                t0 = time.perf_counter()
                 p, b, diag = step_fn(k, self._work)
+                rec = self._record(k, p, b, diag, *self._block_times())
                 self._finish_eval()     # whatever the wait did not finish
-                rec = self._record(k, p, b, diag, time.perf_counter() - t0)
                 images += rec["samples"]
                 if not np.isfinite(self.z).all():
                     raise self._diverged(k, "the consensus model z is not finite", "all")
@@ -347,6 +351,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
                                     f"checkpoint {ckpt.ckpt_dir(self.run_dir, k)} written; "
                                     f"run the same command again to resume")
             self._end_timeline()
+            self.tail_s = time.perf_counter() - self.t_boundary   # after the last block
         finally:
             np.seterr(**err_old)
             self.tl.close()
@@ -355,6 +360,18 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
             for ld in self.loaders.values():
                 ld.close()
         return self._finish(t_start, cpu_start, calls0, bytes0, images)
+
+    def _block_times(self):
+        """(wall, master busy, master slack) of the block that just ended:
+        wall from the previous block's end; slack the master's sleep in the
+        wait for the workers; busy the rest but the Allreduce itself."""
+        now, st = time.perf_counter(), mpi.STATS
+        wall = now - self.t_boundary
+        d = {k: st[k] - self.stats_boundary.get(k, 0.0) for k in ("wait_s", "work_s", "reduce_s")}
+        slack = max(d["wait_s"] - d["work_s"], 0.0)
+        busy = max(wall - slack - d["reduce_s"], 0.0)
+        self.t_boundary, self.stats_boundary = now, dict(st)
+        return wall, busy, slack
 
     def _maybe_checkpoint(self, k, last):
         every = self.cfg["run"]["checkpoint_every"] or self.sched.blocks_per_pass

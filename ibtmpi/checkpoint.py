@@ -67,6 +67,34 @@ def write_rank(run_dir, block, rank, arrays):
     return final
 
 
+class BackgroundWrite:
+    """write_rank in a thread, from arrays the caller no longer changes (its
+    copies): the write and its fsync overlap the next block's compute.
+    join() waits and raises what the write raised; `seconds` is how long
+    it took."""
+
+    def __init__(self, run_dir, block, rank, arrays):
+        import threading
+        self.block, self.error, self.seconds = block, None, 0.0
+        self.thread = threading.Thread(target=self._write, args=(run_dir, block, rank, arrays),
+                                       name=f"checkpoint-{block}", daemon=True)
+        self.thread.start()
+
+    def _write(self, run_dir, block, rank, arrays):
+        import time
+        t0 = time.perf_counter()
+        try:
+            write_rank(run_dir, block, rank, arrays)
+        except BaseException as e:       # re-raised in the training thread
+            self.error = e
+        self.seconds = time.perf_counter() - t0
+
+    def join(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _discard(path):
     try:
         os.unlink(path)

@@ -150,7 +150,7 @@ STATS = {"allreduce": 0, "bytes": 0, "wait_s": 0.0, "work_s": 0.0, "reduce_s": 0
 
 
 def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
-                  watch=None):
+                  watch=None, last=None):
     """Sum `send` over all ranks into `recv` with ONE Allreduce.
 
     Every rank must call this. The wait for the other ranks is a
@@ -158,8 +158,10 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     when it has nothing left to do), otherwise the rank sleeps with a
     back-off up to `sleep_max` seconds instead of spinning a core in a
     blocking MPI wait. `watch()`, if given, is called every round and may
-    raise (the watchdog). Once every rank is there, the library's blocking
-    Allreduce moves the data at full speed. (A non-blocking Iallreduce
+    raise (the watchdog). Once every rank is there, `last()`, if given,
+    may still change `send` (the master's flag for a checkpoint its thread
+    was writing meanwhile), and the library's blocking Allreduce moves the
+    data at full speed. (A non-blocking Iallreduce
     polled the same way advances its rounds only inside MPI_Test: on Open
     MPI 4.1 an 8.8 MB one took 1.4 s with 5 ms naps, against milliseconds
     blocking; benchmarks/bench_allreduce_wait.py.)
@@ -172,10 +174,14 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     else:                          # once-per-run syncs (final checkpoint)
         STATS["sync"] = STATS.get("sync", 0) + 1
     if comm.Get_size() == 1:
+        if last is not None:
+            last()
         np_copy(recv, send)
         return
     t0 = time.perf_counter()
     quiet_arrival(comm, sleep_max, work, watch)
+    if last is not None:
+        last()
     t1 = time.perf_counter()
     comm.Allreduce(send, recv, op=MPI.SUM)
     t2 = time.perf_counter()

@@ -68,8 +68,27 @@ class CheckpointState:
                                     "it)", "all")
         self.faults.disk_full(self.rank, k, os.path.join(   # injected full disk (tests)
             ckpt.ckpt_dir(self.run_dir, k), ckpt.rank_file(self.rank)))
-        ckpt.write_rank(self.run_dir, k, self.rank, self._state_arrays())
+        self._checkpoint_join()          # the previous one's write, if still going
+        # copies now (the state moves on with the next block), written by a
+        # thread while the next block computes; joined before that block's
+        # flags say whether this rank's file is complete
+        arrays = {name: np.array(a, copy=True) for name, a in self._state_arrays().items()}
+        self.ckpt_write = ckpt.BackgroundWrite(self.run_dir, k, self.rank, arrays)
         self.pending_ckpt, self.pending_ok = k, True
+
+    def _checkpoint_join(self):
+        """Wait for the checkpoint write in flight; its error (a full disk)
+        is raised here as the checkpoint's, with its block and phase."""
+        w, self.ckpt_write = getattr(self, "ckpt_write", None), None
+        if w is None:
+            return
+        try:
+            w.join()
+        except BaseException:
+            self.block, self.phase = w.block, "checkpoint"
+            raise
+        if self.deadline is not None:   # the time limit keeps room for a whole write
+            self.deadline.ckpt_s = max(self.deadline.ckpt_s, w.seconds)
 
     def _manifest(self, k):
         world = 1 if self.simulate else mpi.world_size()
@@ -86,6 +105,7 @@ class CheckpointState:
     def _final_sync(self):
         """One small collective after the run's last checkpoint, so the
         master writes its manifest only when every rank has its file."""
+        self._checkpoint_join()
         if self.pending_ckpt is None:
             return
         n = self.packet.size - self.packet.flags0

@@ -69,7 +69,7 @@ class BlockSteps:
         pk.send.fill(0)
         vec = pk.model_out()
         tmp = np.empty(self.P, np.float32) if len(self.local) > 1 else None
-        self._mark_flags()
+        self._mark_flags(ckpt=False)
         for i in self.local:
             t0 = time.perf_counter()
             mbs = self.loaders[i].block(p, b)
@@ -112,9 +112,13 @@ class BlockSteps:
             if not (math.isfinite(loss_sum) and math.isfinite(q)
                     and np.isfinite(out).all()):
                 pk.flag(1 + i, FLAG_NONFINITE)
+        # the last checkpoint's write ran while this block computed: a worker
+        # waits for it now, a master of its own once the workers are there
+        if self.local:
+            self._flag_checkpoint()
         self._at("allreduce")
         t3, c3 = time.perf_counter(), time.process_time()
-        S = self._reduce_packed(work, k)
+        S = self._reduce_packed(work, k, None if self.local else self._flag_checkpoint)
         t4 = time.perf_counter()
         self.tl.span("allreduce", t3, t4, self._lane, block=k,
                      cpu_s=round(time.process_time() - c3, 6))
@@ -125,13 +129,14 @@ class BlockSteps:
         self.tl.span("consensus", t4, time.perf_counter(), self._lane, block=k)
         return p, b, diag
 
-    def _reduce_packed(self, work, k):
+    def _reduce_packed(self, work, k, last=None):
         """The block's one Allreduce of the packed buffer; returns the
-        reduced S (P,), on the device where the state is (BlockPacket.reduce)."""
-        return self.packet.reduce(lambda s, r: self._reduce(s, r, work, k),
+        reduced S (P,), on the device where the state is (BlockPacket.reduce).
+        last(): see comm.allreduce_sum (a master of its own, host buffers)."""
+        return self.packet.reduce(lambda s, r: self._reduce(s, r, work, k, last),
                                   self.dev, self.gpu_buffers)
 
-    def _reduce(self, send, recv, work, k):
+    def _reduce(self, send, recv, work, k, last=None):
         """The block's Allreduce; with run.watchdog_s the master aborts a
         block past the limit, naming the ranks that had not arrived."""
         setting = self.cfg["run"]["watchdog_s"]
@@ -141,7 +146,7 @@ class BlockSteps:
         nap = 0.005 if self.is_master and not self.local else 0.0005
         if not limit or self.simulate or mpi.world_size() == 1:
             mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None,
-                              sleep_max=nap)
+                              sleep_max=nap, last=last)
             return
         if self.is_master:
             posted = mpi.post_arrivals()
@@ -165,13 +170,13 @@ class BlockSteps:
             timer.daemon = True
             timer.start()
             try:
-                mpi.allreduce_sum(send, recv, self.comm, work=work, watch=watch)
+                mpi.allreduce_sum(send, recv, self.comm, work=work, watch=watch, last=last)
                 mpi.wait_all([req for req, _ in posted.values()])
             finally:
                 timer.cancel()
         else:
             req, _buf = mpi.send_arrival(k)
-            mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap)
+            mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap, last=last)
             mpi.wait_all([req])
 
     def _diverged(self, k, what, ranks):
@@ -221,20 +226,33 @@ class BlockSteps:
         finally:
             os._exit(1)
 
-    def _mark_flags(self):
-        """This rank's flag slots for the coming Allreduce."""
+    def _my_flag_slots(self):
+        return ([0] if self.is_master else []) + [1 + i for i in self.local]
+
+    def _mark_flags(self, ckpt=True):
+        """This rank's flag slots for the coming Allreduce; ckpt=False leaves
+        the checkpoint's bit to _flag_checkpoint, after the compute."""
+        if ckpt:
+            self._checkpoint_join()      # is the last checkpoint's file complete?
         fl = self.packet.out("flags")
-        mine = [0] if self.is_master else []
-        mine += [1 + i for i in self.local]
-        for j in mine:
+        for j in self._my_flag_slots():
             v = 0
             if self.stop_requested:
                 v |= FLAG_STOP
-            if self.pending_ckpt is not None and self.pending_ok:
+            if ckpt and self.pending_ckpt is not None and self.pending_ok:
                 v |= FLAG_CKPT
             if self.early is not None and self.block >= self.early[0]:
                 v |= FLAG_EARLY
             fl[j] = v
+
+    def _flag_checkpoint(self):
+        """Right before the block's Allreduce: wait for the last checkpoint's
+        write (it ran while this block computed) and say it is complete."""
+        self._checkpoint_join()
+        if self.pending_ckpt is not None and self.pending_ok:
+            fl = self.packet.out("flags")
+            for j in self._my_flag_slots():
+                fl[j] += FLAG_CKPT
 
     def _check_flags(self, k):
         f = self.packet.rflags()

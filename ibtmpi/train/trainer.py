@@ -87,6 +87,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
             dl = Deadline(r["time_limit"])
             self.deadline = dl if dl.at is not None else None
         self.pending_ckpt = None         # block whose files await confirmation
+        self.ckpt_write = None           # its write in flight (checkpoint.BackgroundWrite)
         self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
         self.changed_before = []         # every resume's changes so far (the manifests')
         self.pending_change = None       # their text, for the first block's metrics line

@@ -85,3 +85,30 @@ def test_one_process_does_not_blame_its_master(small_dataset, tmp_path):
     assert "master: " not in r.stdout
     s = json.load(open(tmp_path / "r" / "summary.json"))
     assert s["master_late_blocks"] == 0
+
+
+def test_a_checkpoint_written_in_the_background_fails_as_its_own(small_dataset, tmp_path,
+                                                                 monkeypatch, capsys):
+    """The checkpoint's file is written by a thread while the next block
+    computes; a full disk there still ends the job with exit 74 naming
+    the checkpoint's block and phase, and the complete checkpoint before it
+    is kept."""
+    import errno
+    from ibtmpi import checkpoint as ckpt
+    from ibtmpi.cli import main
+    real = ckpt.write_rank
+
+    def full_at_block_3(run_dir, block, rank, arrays):
+        if block == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                          os.path.join(ckpt.ckpt_dir(run_dir, block), ckpt.rank_file(rank)))
+        return real(run_dir, block, rank, arrays)
+    monkeypatch.setattr(ckpt, "write_rank", full_at_block_3)
+    run = tmp_path / "r"
+    rc = main(["train", "--simulate", "2"] + train_args(small_dataset, str(run), passes=2, **{
+        "run.checkpoint_every": 2}))
+    err = capsys.readouterr().err
+    assert rc == 74, err
+    assert "ckpt-00000003/rank-00000.npz: No space left on device (block 3, phase " \
+           "checkpoint)" in err, err
+    assert ckpt.complete(str(run))[-1] == 1

@@ -40,3 +40,18 @@ def test_allreduce_wait_benchmark():
     got = rows(r.stdout)
     assert [int(x[0].replace(",", "")) for x in got] == [4096, 2 ** 20, 8767840, 2 ** 25]
     assert all(len(x) == 5 and x[4].endswith("x") for x in got), r.stdout
+
+
+def test_node_scaling_benchmark():
+    """Two processes of pure compute, pinned and with the prefetch thread:
+    the table has a row per N with positive rates and the CPU sets."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks",
+                                                     "bench_node_scaling.py"),
+                        "--ns", "1,2", "--seconds", "0.5", "--placements", "cores",
+                        "--prefetch", "on"], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "hardware threads per core" in r.stdout
+    got = [x for x in rows(r.stdout) if x and x[0].isdigit()]
+    assert [x[0] for x in got] == ["1", "2"], r.stdout
+    assert all(float(x[1]) > 0 and float(x[4]) > 0 for x in got), r.stdout

@@ -1,14 +1,29 @@
 #!/usr/bin/env python
 """Speedup in time per data pass vs N: measured here, modelled beyond.
 
-Model (one block = every worker trains its split, then ONE Allreduce of the
-packed buffer of P floats among N+1 ranks):
+Model (one block = every worker trains its split while the master does its
+own work for the previous block, then ONE Allreduce of the packed buffer of
+P floats among N+1 ranks, then the replicated consensus update):
 
-    T_pass(N) = blocks(N) * ( split(N) * t_sample + T_ar(N + 1, 4P bytes) )
+    T_block(N) = max(split(N) * t_sample + u_worker, t_master + u_master)
+                 + T_ar(N + 1, 4P bytes)
+    T_pass(N)  = blocks(N) * T_block(N)
     T_ar(p, n) = 2*ceil(log2 p)*alpha + 2*(p-1)/p * n * beta      (Rabenseifner)
 
-t_sample: measured training-step time per sample of the reference CNN
-(CPU here; a stated GPU figure for the GPU scenario). alpha, beta: fitted
+The master is a stage of the block pipeline: every rank applies the
+consensus update after the Allreduce (u_worker on a worker: its GPU's when
+it has one; u_master on the master: its host's unless it has a GPU), and
+the master's update and its other work between two Allreduces (evaluation
+batches, checkpoint, metrics: t_master) run while the workers compute the
+next block, so only what exceeds their compute delays the block; the
+printed bottleneck says which stage decides each projection.
+
+t_sample: the training time per sample, from a run's own metrics where a
+run is given (--runs for the validation, --gpu-run for the GPU scenario:
+compute_max_s over the samples a worker trains per block, median over the
+blocks), else measured here (CPU) or stated (--gpu-ms). t_master: the
+master's median busy time per block of those runs less its update
+(metrics master_busy_s), 0 where none is given. alpha, beta: fitted
 to an Allreduce sweep measured on this machine (`mpiexec -n 2` and `-n 3`),
 and stated for clusters (100 Gb/s InfiniBand, NVLink). The model is
 validated against the real MPI runs it can be compared with (time per pass
@@ -109,13 +124,49 @@ def t_update_cpu(P, reps=5):
     return statistics.median(ts)
 
 
-def pass_time(n_train, n_workers, split, t_s, P, alpha, beta, t_upd=0.0):
-    """Model of one pass: blocks x (compute of a split + one Allreduce + the
-    replicated consensus update, all on the critical path)."""
+def block_stages(n_workers, per_block, t_s, P, alpha, beta, u_worker=0.0, t_master=0.0,
+                 u_master=None):
+    """{stage: seconds} of one block: a worker's compute and update, and the
+    master's own work and update, side by side (the larger is on the
+    critical path), then the Allreduce. u_master: u_worker unless given."""
+    u_master = u_worker if u_master is None else u_master
+    return {"compute": per_block * t_s + u_worker, "master": t_master + u_master,
+            "allreduce": t_ar(n_workers + 1, 4 * P, alpha, beta)}
+
+
+def block_time(st):
+    return max(st["compute"], st["master"]) + st["allreduce"]
+
+
+def bottleneck(st):
+    """The stage that decides the block: compute or the master (whichever
+    is longer), else the Allreduce when it is longer than both."""
+    lead = "master" if st["master"] > st["compute"] else "compute"
+    return "allreduce" if st["allreduce"] > max(st["compute"], st["master"]) else lead
+
+
+def pass_time(n_train, n_workers, split, t_s, P, alpha, beta, u_worker=0.0, t_master=0.0,
+              u_master=None):
+    """Model of one pass: blocks x T_block (see the module's docstring)."""
     per_worker = n_train // n_workers
     blocks = max(1, per_worker // split)
-    return blocks * (per_worker / blocks * t_s + t_ar(n_workers + 1, 4 * P, alpha, beta)
-                     + t_upd)
+    st = block_stages(n_workers, per_worker / blocks, t_s, P, alpha, beta, u_worker,
+                      t_master, u_master)
+    return blocks * block_time(st)
+
+
+def run_inputs(lines, n):
+    """(seconds per sample, master's own work per block, serial: True where
+    the master is a worker too, one process, so its work adds to the
+    compute instead of overlapping it) from a run's metrics: medians over
+    its blocks after the first two (start-up)."""
+    use = lines[2:] or lines
+    per = [l["compute_max_s"] / (l["samples"] / n) for l in use if l["samples"]]
+    serial = bool(use) and all(l.get("master_is_worker") for l in use)
+    busy = [l["master_busy_s"] - (l["compute_max_s"] if serial else 0.0) for l in use
+            if "master_busy_s" in l]
+    return (statistics.median(per) if per else None,
+            max(statistics.median(busy), 0.0) if busy else 0.0, serial)
 
 
 def cmd_model(a):
@@ -132,7 +183,8 @@ def cmd_model(a):
     # validation against real runs (their own image size and P)
     if a.runs:
         print("\nvalidation against finished runs (wall time per pass):")
-        print("| run | N | measured s/pass | modelled s/pass | error |\n|---|---|---|---|---|")
+        print("| run | N | measured s/pass | modelled s/pass | error | bottleneck |\n"
+              "|---|---|---|---|---|---|")
         errs = []
         for d in sorted(set(x for pat in a.runs for x in glob.glob(pat))):
             sp, cp = os.path.join(d, "summary.json"), os.path.join(d, "config.toml")
@@ -146,50 +198,74 @@ def cmd_model(a):
             cfg = load(cp)
             ds = Dataset(cfg["data"]["path"])
             h = ds.image_shape[0]
-            from ibtmpi.threads import default_threads
             ranks = s["world_size"]
-            ts_run, P_run = t_sample_cpu(h, threads=default_threads(ranks))
+            _, P_run = t_sample_cpu(h, steps=1)
             n_train = ds.split("train").n
             split = cfg["data"]["split_size"] or cfg["data"]["block_size"] // s["N"]
             lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
             meas = (sum(s["pass_s"]) if s.get("pass_s")          # honest pass times
                     else sum(l["wall_s"] for l in lines)) / s["passes"]
-            # workers share this machine's cores: N workers on 2 cores
-            share = max(1.0, s["N"] / os.cpu_count())
+            # measured inputs: the run's own time per sample (cores shared
+            # as they were) and its master's own work per block
+            ts_run, busy, serial = run_inputs(lines, s["N"])
+            upd_run = t_update_cpu(P_run) if s["N"] > 1 else 0.0
             if s["algorithm"] == "ssgd":   # one Allreduce per minibatch, not per block
                 batch = cfg["data"]["batch"]
                 steps = n_train // s["N"] // batch
-                mod = steps * (batch * ts_run * share + t_ar(ranks, 4 * P_run, alpha, beta))
+                mod = steps * (batch * ts_run + t_ar(ranks, 4 * P_run, alpha, beta))
+                neck = "allreduce per step"
             else:
-                mod = pass_time(n_train, s["N"], split, ts_run * share, P_run, alpha, beta,
-                                t_update_cpu(P_run) if s["N"] > 1 else 0.0)
+                per_worker = n_train // s["N"]
+                blocks = max(1, per_worker // split)
+                # the master's busy time holds its update already
+                st = block_stages(s["N"], per_worker / blocks, ts_run, P_run, alpha, beta,
+                                  upd_run, busy, 0.0)
+                if serial:                   # one process: its own work follows its compute
+                    st["compute"], st["master"] = st["compute"] + st["master"], 0.0
+                mod, neck = blocks * block_time(st), bottleneck(st)
             errs.append(abs(mod - meas) / meas)
             print(f"| {os.path.basename(d)} | {s['N']} | {meas:.2f} | {mod:.2f} | "
-                  f"{(mod - meas) / meas:+.0%} |")
+                  f"{(mod - meas) / meas:+.0%} | {neck} |")
         if errs:
             print(f"median |error| {statistics.median(errs):.0%}")
     # projections: paper setting, 20,000 training images, fixed block 4,960
     n_train, block = 20000, 4960
-    # (name, alpha, beta, seconds per sample, consensus update seconds)
-    scen = [("this machine's Allreduce, CPU compute", alpha, beta, t_s, t_upd)]
+    gpu_ms, gpu_master, gpu_src = a.gpu_ms / 1e3, a.master_ms / 1e3, "stated"
+    if a.gpu_run:                            # a real GPU run's own figures
+        s = json.load(open(os.path.join(a.gpu_run, "summary.json")))
+        lines = [json.loads(l) for l in open(os.path.join(a.gpu_run, "metrics.jsonl"))]
+        ts_g, busy_g, _ = run_inputs(lines, s["N"])
+        gpu_ms, gpu_master, gpu_src = ts_g, busy_g, f"measured in {a.gpu_run}"
+    # (name, alpha, beta, seconds per sample, a worker's update, the master's
+    # other work, the master's update)
+    u_gpu = 16 * P / 1e12     # a few vector kernels: ~4 passes over 4P bytes at 1 TB/s
+    scen = [("this machine's Allreduce, CPU compute", alpha, beta, t_s, t_upd, 0.0, t_upd)]
     for k, c in CLUSTERS.items():
-        scen.append((f"{c['what']}, CPU compute", c["alpha"], c["beta"], t_s, t_upd))
-        # on a GPU the update is a few vector kernels: ~4 passes over 4P bytes
-        # at a stated 1 TB/s
-        scen.append((f"{c['what']}, GPU compute {a.gpu_ms:g} ms/sample (stated)",
-                     c["alpha"], c["beta"], a.gpu_ms / 1e3, 16 * P / 1e12))
+        scen.append((f"{c['what']}, CPU compute", c["alpha"], c["beta"], t_s, t_upd, 0.0,
+                     t_upd))
+        # a GPU worker updates on its GPU; the master's update is its host's
+        # (t_upd, measured here) unless the master has a GPU too
+        scen.append((f"{c['what']}, GPU compute {gpu_ms * 1e3:.3g} ms/sample ({gpu_src}), "
+                     f"master on the host", c["alpha"], c["beta"], gpu_ms, u_gpu,
+                     gpu_master, t_upd))
+        scen.append((f"{c['what']}, GPU compute ({gpu_src}), master on a GPU",
+                     c["alpha"], c["beta"], gpu_ms, u_gpu, gpu_master, u_gpu))
     ns = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     print(f"\nprojected speedup in time per pass, fixed block {block} (split = block/N), "
           f"{n_train} training images, P = {P:,d}:")
-    print("| scenario | " + " | ".join(f"N={n}" for n in ns) + " |")
-    print("|---|" + "---|" * len(ns))
-    for name, al, be, ts, tu in scen:
+    print("| scenario | " + " | ".join(f"N={n}" for n in ns) + " | bottleneck at N=32 |")
+    print("|---|" + "---|" * (len(ns) + 1))
+    for name, al, be, ts, uw, tm, um in scen:
         base = n_train * ts                  # one worker, no Allreduce at all
         cells = []
         for n in ns:
-            sp_ = base / pass_time(n_train, n, block // n, ts, P, al, be, tu) if n > 1 else 1.0
+            sp_ = (base / pass_time(n_train, n, block // n, ts, P, al, be, uw, tm, um)
+                   if n > 1 else 1.0)
             cells.append(f"{sp_:.1f}x")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        st = block_stages(32, block // 32, ts, P, al, be, uw, tm, um)
+        print(f"| {name} | " + " | ".join(cells) + f" | {bottleneck(st)} ("
+              f"compute {st['compute'] * 1e3:.1f} ms, master {st['master'] * 1e3:.1f} ms, "
+              f"Allreduce {st['allreduce'] * 1e3:.2f} ms) |")
     print("\ntarget: >= 30x at 32 workers (paper: > 28x on 32 GPUs)")
 
 
@@ -203,8 +279,13 @@ def main():
     p.add_argument("--sweep", default="runs/scaling/allreduce.json")
     p.add_argument("--runs", nargs="*")
     p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--gpu-ms", type=float, default=0.25,
-                   help="stated GPU training time per sample (ms) for the GPU scenario")
+    p.add_argument("--gpu-ms", type=float, default=0.1,
+                   help="stated GPU training time per sample (ms) for the GPU scenario "
+                        "(0.1: the trainer on an H200, 2026-12-04) unless --gpu-run")
+    p.add_argument("--master-ms", type=float, default=0.0,
+                   help="stated master's own work per block (ms) for the GPU scenario")
+    p.add_argument("--gpu-run", help="a finished GPU run: its time per sample and its "
+                   "master's work per block feed the GPU scenarios")
     a = ap.parse_args()
     return cmd_sweep(a) if a.cmd == "sweep" else cmd_model(a)
 

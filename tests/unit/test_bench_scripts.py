@@ -55,3 +55,29 @@ def test_node_scaling_benchmark():
     got = [x for x in rows(r.stdout) if x and x[0].isdigit()]
     assert [x[0] for x in got] == ["1", "2"], r.stdout
     assert all(float(x[1]) > 0 and float(x[4]) > 0 for x in got), r.stdout
+
+
+def test_scaling_model_puts_the_master_in_the_block_pipeline():
+    """The master's work overlaps the workers' compute: only what exceeds it
+    lengthens the block, and the bottleneck names the longer stage; a run's
+    metrics give the time per sample and the master's work per block."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bench_scaling as b
+    finally:
+        sys.path.pop(0)
+    P = 1_000_000
+    st = b.block_stages(32, 155, 1e-4, P, 0.0, 0.0, u_worker=1e-3, t_master=5e-3,
+                        u_master=2e-3)
+    assert st["compute"] == pytest.approx(155e-4 + 1e-3)
+    assert st["master"] == pytest.approx(7e-3)
+    assert b.block_time(st) == pytest.approx(st["compute"] + st["allreduce"])
+    assert b.bottleneck(st) == "compute"
+    slow = b.block_stages(32, 155, 1e-4, P, 0.0, 0.0, 1e-3, 0.05, 0.01)
+    assert b.bottleneck(slow) == "master" and b.block_time(slow) == pytest.approx(0.06)
+    lines = [{"compute_max_s": 0.2, "samples": 200, "master_busy_s": 0.05}] * 5
+    ts, busy, serial = b.run_inputs(lines, 2)
+    assert ts == pytest.approx(0.2 / 100) and busy == pytest.approx(0.05) and not serial
+    one = [dict(l, master_is_worker=True, master_busy_s=0.26) for l in lines]
+    ts, busy, serial = b.run_inputs(one, 2)
+    assert serial and busy == pytest.approx(0.06)

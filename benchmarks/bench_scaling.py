@@ -47,14 +47,8 @@ import time
 
 import numpy as np
 
-CLUSTERS = {
-    # stated, not measured: latency per message step, seconds per byte
-    "ib100": {"alpha": 2.0e-6, "beta": 1 / 12.5e9,
-              "what": "100 Gb/s InfiniBand, 2 us latency"},
-    "nvlink": {"alpha": 5.0e-6, "beta": 1 / 150e9,
-               "what": "NVLink inside one node, 150 GB/s, 5 us per step"},
-}
-
+from ibtmpi.scaling import (CLUSTERS, block_stages, block_time, bottleneck, pass_time,
+                            run_inputs, t_ar, update_seconds)
 
 def cmd_sweep(a):
     from ibtmpi import comm
@@ -67,12 +61,6 @@ def cmd_sweep(a):
         json.dump(prev, open(a.out, "w"), indent=1)
         for p in res:
             print(f"p={out['ranks']} {p['bytes']:>10d} B  {p['seconds'] * 1e6:10.1f} us")
-
-
-def t_ar(p, nbytes, alpha, beta):
-    if p <= 1:
-        return 0.0
-    return 2 * math.ceil(math.log2(p)) * alpha + 2 * (p - 1) / p * nbytes * beta
 
 
 def fit(sweeps):
@@ -111,64 +99,6 @@ def t_sample_cpu(size, batch=64, steps=6, threads=1):
     return statistics.median(ts) / batch, m.size
 
 
-def t_update_cpu(P, reps=5):
-    """Seconds of one ibt consensus update of P floats on this CPU."""
-    from ibtmpi.consensus import Consensus
-    c = Consensus("ibt", np.zeros(P, np.float32), 4, {})
-    S = np.ones(P, np.float32)
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        c.update(S, 0.0)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def block_stages(n_workers, per_block, t_s, P, alpha, beta, u_worker=0.0, t_master=0.0,
-                 u_master=None):
-    """{stage: seconds} of one block: a worker's compute and update, and the
-    master's own work and update, side by side (the larger is on the
-    critical path), then the Allreduce. u_master: u_worker unless given."""
-    u_master = u_worker if u_master is None else u_master
-    return {"compute": per_block * t_s + u_worker, "master": t_master + u_master,
-            "allreduce": t_ar(n_workers + 1, 4 * P, alpha, beta)}
-
-
-def block_time(st):
-    return max(st["compute"], st["master"]) + st["allreduce"]
-
-
-def bottleneck(st):
-    """The stage that decides the block: compute or the master (whichever
-    is longer), else the Allreduce when it is longer than both."""
-    lead = "master" if st["master"] > st["compute"] else "compute"
-    return "allreduce" if st["allreduce"] > max(st["compute"], st["master"]) else lead
-
-
-def pass_time(n_train, n_workers, split, t_s, P, alpha, beta, u_worker=0.0, t_master=0.0,
-              u_master=None):
-    """Model of one pass: blocks x T_block (see the module's docstring)."""
-    per_worker = n_train // n_workers
-    blocks = max(1, per_worker // split)
-    st = block_stages(n_workers, per_worker / blocks, t_s, P, alpha, beta, u_worker,
-                      t_master, u_master)
-    return blocks * block_time(st)
-
-
-def run_inputs(lines, n):
-    """(seconds per sample, master's own work per block, serial: True where
-    the master is a worker too, one process, so its work adds to the
-    compute instead of overlapping it) from a run's metrics: medians over
-    its blocks after the first two (start-up)."""
-    use = lines[2:] or lines
-    per = [l["compute_max_s"] / (l["samples"] / n) for l in use if l["samples"]]
-    serial = bool(use) and all(l.get("master_is_worker") for l in use)
-    busy = [l["master_busy_s"] - (l["compute_max_s"] if serial else 0.0) for l in use
-            if "master_busy_s" in l]
-    return (statistics.median(per) if per else None,
-            max(statistics.median(busy), 0.0) if busy else 0.0, serial)
-
-
 def cmd_model(a):
     sw = json.load(open(a.sweep))["sweeps"]
     alpha, beta, ferr = fit(sw)
@@ -176,7 +106,7 @@ def cmd_model(a):
           f"{sw[0]['mpi']}): alpha = {alpha * 1e6:.1f} us, beta = {1 / beta / 1e9:.2f} GB/s, "
           f"median fit error {ferr:.0%}")
     t_s, P = t_sample_cpu(a.image_size)
-    t_upd = t_update_cpu(P)
+    t_upd = update_seconds(P)
     print(f"consensus update (ibt) of P floats: {t_upd * 1e3:.1f} ms on this CPU")
     print(f"reference CNN {a.image_size}x{a.image_size}: {t_s * 1e3:.2f} ms/sample on 1 CPU "
           f"core, P = {P:,d} parameters ({4 * P / 2**20:.1f} MiB per Allreduce)")
@@ -208,7 +138,7 @@ def cmd_model(a):
             # measured inputs: the run's own time per sample (cores shared
             # as they were) and its master's own work per block
             ts_run, busy, serial = run_inputs(lines, s["N"])
-            upd_run = t_update_cpu(P_run) if s["N"] > 1 else 0.0
+            upd_run = update_seconds(P_run) if s["N"] > 1 else 0.0
             if s["algorithm"] == "ssgd":   # one Allreduce per minibatch, not per block
                 batch = cfg["data"]["batch"]
                 steps = n_train // s["N"] // batch

@@ -184,6 +184,7 @@ def load_run(d):
         "worker_cpu_per_pass": (sum(statistics.mean(l["compute_cpu_s"]) for l in lines) / passes
                                 if lines and all("compute_cpu_s" in l for l in lines) else None),
         "starved": starved_workers(s),
+        "parameters": s.get("parameters"),
         "allreduce_calls_per_pass": s["allreduce_calls"] / passes,
         "allreduce_mib_per_pass": s["allreduce_bytes"] / passes / 2 ** 20,
         "rank0_cpu_share": s.get("rank0_cpu_share"),
@@ -407,9 +408,30 @@ def _targets(ok, every, base, target_pt, holdout):
                       f"{'MET' if g['gap_pt'] <= target_pt else 'NOT MET'} by the "
                       f"estimate, {'MET' if hi <= target_pt else 'not shown'} at 95% "
                       f"(one-sided bound {hi:+.2f} pt)")
-    md.append("- projected speedup at 32 workers >= 30x: see benchmarks/bench_scaling.py "
-              "(alpha-beta model calibrated by a measured Allreduce sweep)")
+    md.append(_projection_line(ibt))
     return md
+
+
+def _projection_line(ibt):
+    """The paper's fixed block at 32 workers, projected by ibtmpi.scaling
+    from the method's MPI run with the most workers (its own time per
+    sample and master's work per block), over a stated interconnect."""
+    from .scaling import paper_projection
+    runs = [r for r in ibt if not r["simulated"] and r.get("parameters") and r["N"] > 1]
+    if not runs:
+        return ("- projected speedup at 32 workers >= 30x: no MPI run of the method with "
+                "its parameter count (summary.json from 2026-12-06 on) to take the inputs "
+                "from; benchmarks/bench_scaling.py projects from a measured Allreduce sweep")
+    r = runs[-1]
+    sp, neck, x = paper_projection(r)
+    st = x["stages_ms"]
+    return (f"- projected speedup at 32 workers >= 30x (paper: > 28x): "
+            f"{'MET' if sp >= 30 else 'NOT MET'} by the model, {sp:.1f}x for the paper's fixed "
+            f"block (4,960 of 20,000 images, split 155) over {x['net']} (stated), "
+            f"bottleneck {neck} (a block: compute {st['compute']:.1f} ms, master "
+            f"{st['master']:.1f} ms, Allreduce {st['allreduce']:.2f} ms); inputs from "
+            f"{r['name']}: {x['t_sample_ms']:.3f} ms per sample, master {x['master_ms']:.1f} "
+            f"ms per block, update {x['update_ms']:.1f} ms here, P = {x['P']:,d}")
 
 
 def _failed_runs(run_dirs):

@@ -276,6 +276,7 @@ class MasterReports:
             passes[self.history[-1]["pass"]] += getattr(self, "tail_s", 0.0)
         cpu = time.process_time() - cpu_start
         summary = {"algorithm": self.algo, "N": self.n_workers, "blocks": self.total_blocks,
+                   "parameters": self.P,
                    "passes": self.total_blocks / self.sched.blocks_per_pass,
                    "wall_s": wall, "rank0_cpu_s": cpu,
                    "rank0_cpu_share": cpu / wall if wall else 0.0,

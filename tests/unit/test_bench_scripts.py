@@ -61,11 +61,7 @@ def test_scaling_model_puts_the_master_in_the_block_pipeline():
     """The master's work overlaps the workers' compute: only what exceeds it
     lengthens the block, and the bottleneck names the longer stage; a run's
     metrics give the time per sample and the master's work per block."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import bench_scaling as b
-    finally:
-        sys.path.pop(0)
+    from ibtmpi import scaling as b
     P = 1_000_000
     st = b.block_stages(32, 155, 1e-4, P, 0.0, 0.0, u_worker=1e-3, t_master=5e-3,
                         u_master=2e-3)

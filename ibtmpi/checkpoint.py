@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -224,10 +225,17 @@ def read_rank(path, expect):
                     f"{path}: array {name!r} is {got_dtype}{list(got_shape)}, this run "
                     f"expects {want}{list(shape)} (a checkpoint of another "
                     f"model or configuration?)")
-            stored = zf.getinfo(member).file_size
+            info = zf.getinfo(member)
+            stored = info.file_size           # what the zip's directory says, bounded by
+            if info.compress_type == zipfile.ZIP_STORED:      # what the file can hold
+                stored = min(stored, info.compress_size, os.path.getsize(path))
             if int(np.prod(got_shape, dtype=object)) * got_dtype.itemsize > stored:
                 raise CheckpointError(                 # a header that declares more
                     f"{path}: array {name!r} declares {got_dtype}{list(got_shape)} but "
                     f"the file holds {stored} bytes of it (damaged or forged)")
-    with np.load(path, allow_pickle=False) as z:
-        return {name: z[name] for name in expect}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {name: z[name] for name in expect}
+    except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, OSError) as e:
+        raise CheckpointError(f"{path}: its data cannot be read ({e}): damaged "
+                              f"(a flipped bit fails the zip's CRC)") from None

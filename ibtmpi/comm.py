@@ -180,8 +180,10 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
         return
     t0 = time.perf_counter()
     quiet_arrival(comm, sleep_max, work, watch)
-    if last is not None:
+    if last is not None:              # this rank's own work, not a wait for others
+        tl = time.perf_counter()
         last()
+        STATS["work_s"] += time.perf_counter() - tl
     t1 = time.perf_counter()
     comm.Allreduce(send, recv, op=MPI.SUM)
     t2 = time.perf_counter()
@@ -239,7 +241,21 @@ def self_comm():
     return MPI.COMM_SELF if MPI is not None else _SerialComm()
 
 
+# called before this process aborts the job: it ends knowingly, having
+# said why (train.lifecycle.Lifeline's goodbye)
+BEFORE_ABORT = []
+
+
+def _before_abort():
+    for f in BEFORE_ABORT:
+        try:
+            f()
+        except Exception:
+            pass
+
+
 def abort(code=1, comm=None):
+    _before_abort()
     (comm or world()).Abort(code)
 
 
@@ -296,6 +312,7 @@ def install_abort_hooks(rank):
                          + "".join(traceback.format_exception(et, ev, tb)))
         sys.stderr.flush()
         if world().Get_size() > 1:
+            _before_abort()
             world().Abort(1)
 
     sys.excepthook = hook

@@ -154,11 +154,12 @@ class Stragglers:
         return slow, self.recent.count(slow), found[1]
 
 
-def master_late(busy, compute_max):
+def master_late(busy, compute_max, data_wait_max=0.0):
     """The master delayed the block: its own work between two Allreduces
-    (update, evaluation batches, checkpoint, metrics) outlasted the slowest
-    worker's compute, by 5% and a millisecond at least."""
-    return busy > 1.05 * compute_max + 1e-3
+    (update, evaluation batches, checkpoint, metrics) outlasted what kept
+    the slowest worker from the Allreduce (its data wait and compute), by
+    5% and a millisecond at least."""
+    return busy > 1.05 * (compute_max + data_wait_max) + 1e-3
 
 
 class MasterLate:
@@ -173,9 +174,9 @@ class MasterLate:
         self.count = 0                   # blocks it was late in, this job
         self.reported = False
 
-    def block(self, busy, compute_max):
+    def block(self, busy, compute_max, data_wait_max=0.0):
         """True the first time the master is late in `need` of `window` blocks."""
-        late = master_late(busy, compute_max)
+        late = master_late(busy, compute_max, data_wait_max)
         self.count += late
         self.recent = (self.recent + [late])[-self.window:]
         if self.reported or sum(self.recent) < self.need:
@@ -189,7 +190,8 @@ def master_late_recent(recs, window=REPORT_WINDOW, need=REPORT_NEED):
     the master was late in `need` of the last `window` metrics lines."""
     import statistics
     rows = [r for r in recs[-window:] if "master_busy_s" in r and not r.get("master_is_worker")]
-    late = [r for r in rows if master_late(r["master_busy_s"], r["compute_max_s"])]
+    late = [r for r in rows if master_late(r["master_busy_s"], r["compute_max_s"],
+                                           r.get("data_wait_max_s", 0.0))]
     if len(rows) < window // 2 or len(late) < need:
         return None
     return {"blocks": len(late), "of": len(rows),

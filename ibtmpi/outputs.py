@@ -91,7 +91,8 @@ def _model_npz(path):
     that declares a huge array is refused (exit 2), not allocated."""
     import zipfile
     try:
-        names = set(zipfile.ZipFile(path).namelist())
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
     except (OSError, zipfile.BadZipFile) as e:
         raise TrainedModelError(f"{path}: not a model file ({e})") from None
     if "format.npy" not in names:

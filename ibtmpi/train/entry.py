@@ -111,8 +111,13 @@ def _start_up(args, st, size, rank, log):
             raise ConfigError("--simulate runs N logical workers in ONE process; "
                               "launch it without mpiexec")
         on_gpu = choose_device(args.device, log) == "gpu"
+        # the start-up's collectives, all here, before anything that may fail
+        # on one rank alone (its GPU, its config file, its run directory):
+        # such a rank goes straight to the agreement below, where the others
+        # must meet it, not inside another collective
+        local = comm.worker_local_rank() if on_gpu else -1
+        ranks_on_node = comm.node_rank_size()[1] if size > 1 else 1
         if on_gpu:
-            local = comm.worker_local_rank()
             if local >= 0 or args.simulate:   # the master needs no GPU
                 from ..backend import GpuOps, bind_worker_gpu
                 gpu = bind_worker_gpu(max(local, 0))
@@ -123,7 +128,7 @@ def _start_up(args, st, size, rank, log):
         # every rank writes its checkpoint file there: find out now, not
         # after the first pass of compute
         st.made = _check_writable(cfg["run"]["dir"], create=not args.dry_run)
-        threads.configure(cfg["run"]["threads"])
+        threads.configure(cfg["run"]["threads"], ranks_on_node=ranks_on_node)
         from ..backend import resolve_cuda_aware
         distributed = size > 1 and not cfg["run"]["simulate"]
         gpu_buffers, why = resolve_cuda_aware(
@@ -257,7 +262,8 @@ def _check_writable(run_dir, create=True):
         d = os.path.dirname(d)
     try:
         os.makedirs(run_dir, exist_ok=True)
-        probe = os.path.join(run_dir, f".write-test-{os.getpid()}")
+        import socket                 # ranks on other nodes may share a pid
+        probe = os.path.join(run_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)

@@ -233,6 +233,8 @@ def install_stop_handlers(trainer):
                           f"the last complete checkpoint is kept (exit {EXIT_INTERRUPTED})",
                           file=sys.stderr, flush=True)
                 sys.stdout.flush()
+                if getattr(trainer, "lifeline", None) is not None:
+                    trainer.lifeline.goodbye()      # ended on purpose, not lost
                 os._exit(EXIT_INTERRUPTED)  # no MPI teardown to wait for or complain
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             old[sig] = signal.signal(sig, on_signal)
@@ -333,6 +335,8 @@ class Lifeline:
         finally:
             os.close(r)
         atexit.register(self.goodbye)
+        from .. import comm
+        comm.BEFORE_ABORT.append(self.goodbye)    # an abort after its own message
 
     def goodbye(self):
         try:
@@ -343,8 +347,9 @@ class Lifeline:
 
 
 def lost_rank(run_dir):
-    """The rank of the last MPI job in run_dir that ended first without
-    saying goodbye, as {rank, host, pid, lead_s} (lead_s: how long before
+    """The rank of the last MPI job in run_dir that ended first when no rank
+    said goodbye (all were killed: the first was lost, the launcher then
+    killed the rest), as {rank, host, pid, lead_s} (lead_s: how long before
     the next rank ended), or None."""
     import glob
     import json
@@ -359,7 +364,9 @@ def lost_rank(run_dir):
             continue
         ends.append((end, said == "ok", info))
     ends.sort(key=lambda e: e[0])
-    if len(ends) < 2 or ends[0][1]:
+    # a rank that ended knowingly (a normal end, or an abort after its own
+    # message) explains the job's end: only where none did was one lost
+    if len(ends) < 2 or any(said for _, said, _ in ends):
         return None
     first = ends[0][2]
     return {"rank": first["rank"], "host": first["host"], "pid": first["pid"],

@@ -127,7 +127,8 @@ class MasterReports:
         if slow is not None:
             self.log(self._straggler_text(*slow))
         if not self.local:        # a master of its own: did the workers wait for it?
-            if self.master_late.block(rec["master_busy_s"], rec["compute_max_s"]):
+            if self.master_late.block(rec["master_busy_s"], rec["compute_max_s"],
+                                      rec["data_wait_max_s"]):
                 self.log("master: " + master_late_text(master_late_recent(
                     self.history + [rec]) or {
                         "blocks": sum(self.master_late.recent),

@@ -87,6 +87,7 @@ class CheckpointState:
         except BaseException:
             self.block, self.phase = w.block, "checkpoint"
             raise
+        self.ckpt_write_max_s = max(self.ckpt_write_max_s, w.seconds)
         if self.deadline is not None:   # the time limit keeps room for a whole write
             self.deadline.ckpt_s = max(self.deadline.ckpt_s, w.seconds)
 

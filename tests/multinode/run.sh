@@ -18,6 +18,11 @@
 #   bash tests/multinode/run.sh [--venv DIR] [--rate 1gbit] [--algos ssgd,admm,ibt,bmuf]
 # --algos: afterwards, each algorithm's time per pass (honest: summary.json
 # pass_s) on the 3 nodes at this rate, and the bytes that crossed the links.
+# Then Slurm across the same nodes (SLURM_PART=0 skips it): slurmctld in the
+# root namespace, one slurmd per node namespace with its hostname as
+# NodeName, munge shared; `sbatch --nodes=3` of slurm/multinode-srun.sbatch
+# and slurm/multinode-mpirun.sbatch must put a rank on each node and end
+# with the one-node run's z.
 # Where namespaces cannot be made (not root, no CAP_SYS_ADMIN) it says so,
 # prints "0 passed, 0 failed, 1 skipped" and exits 0.
 set -u
@@ -48,6 +53,12 @@ ok() { say "ok: $*"; pass=$((pass + 1)); }
 bad() { say "FAIL: $*"; fail=$((fail + 1)); }
 
 cleanup() {
+    if [ -n "${SLURM_CONF:-}" ]; then        # this script's Slurm only
+        scontrol shutdown >/dev/null 2>&1
+        sleep 1
+        [ -s "$WORK/slurmctld.pid" ] && kill -9 "$(cat "$WORK/slurmctld.pid")" 2>/dev/null
+        [ "${STARTED_MUNGE:-0}" = 1 ] && pkill -x munged 2>/dev/null
+    fi
     for i in $(seq 1 $NODES); do
         ns=${TAG}n$i
         if ip netns list 2>/dev/null | grep -qw "$ns"; then
@@ -152,6 +163,91 @@ PY
 else
     bad "the one-node run failed:"; tail -20 local.log
 fi
+# -- Slurm across the nodes: slurmctld here, one slurmd per node namespace --
+slurm_part() {
+    if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+        say "installing slurm-wlm and munge"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null \
+            || { bad "cannot install slurm-wlm"; return; }
+    fi
+    mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
+    chown munge:munge /run/munge /var/log/munge /var/lib/munge
+    [ -s /etc/munge/munge.key ] || dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 \
+        count=1 status=none
+    chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
+    STARTED_MUNGE=0
+    if ! pgrep -x munged >/dev/null; then runuser -u munge -- munged; STARTED_MUNGE=1; fi
+    export SLURM_CONF=$WORK/slurm.conf
+    mkdir -p "$WORK/state"
+    chmod 755 "$WORK"
+    cat > "$SLURM_CONF" <<CONF
+ClusterName=ibtmn
+SlurmctldHost=$(hostname -s)($NET.254)
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$WORK/state
+SlurmdSpoolDir=$WORK/spool-%n
+SlurmctldPidFile=$WORK/slurmctld.pid
+SlurmdPidFile=$WORK/slurmd-%n.pid
+SlurmctldLogFile=$WORK/slurmctld.log
+SlurmdLogFile=$WORK/slurmd-%n.log
+MailProg=/bin/true
+MpiDefault=none
+JobRequeue=1
+FirstJobId=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000 ))
+NodeName=node[1-$NODES] NodeAddr=$NET.[1-$NODES] Sockets=1 CoresPerSocket=1 ThreadsPerCore=1 State=UNKNOWN
+PartitionName=mn Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP
+CONF
+    slurmctld -f "$SLURM_CONF"
+    for i in $(seq 1 $NODES); do
+        mkdir -p "$WORK/spool-node$i"
+        # nsenter, not `ip netns exec`: slurmd needs the host's /sys (cgroups)
+        nsenter --net="/run/netns/${TAG}n$i" unshare --uts \
+            sh -c "hostname node$i; exec slurmd -f '$SLURM_CONF' -N node$i"
+    done
+    for k in $(seq 1 60); do
+        [ "$(sinfo -h -o %T 2>/dev/null | sort -u)" = "idle" ] && break
+        sleep 1
+    done
+    if [ "$(sinfo -h -o %T 2>/dev/null | sort -u)" != "idle" ]; then
+        bad "the Slurm nodes did not come up: $(sinfo -h 2>&1 | head -3)"; return
+    fi
+    say "Slurm up: slurmctld here, slurmd on node1-$NODES"
+    printf '[data]\npath = "%s"\nsplit_size = 100\nbatch = 16\n[model]\nlayers = "reference"\n[algorithm]\nname = "ibt"\n[run]\npasses = 2\nthreads = 1\nquiet = true\n' \
+        "$WORK/data" > run.toml
+    for tpl in multinode-srun multinode-mpirun; do
+        local id
+        # the job's environment: UCX over the links (see the top), Hydra's
+        # call-back address on the node's link (mpirun), this venv
+        id=$(UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_IFACE=eth0 IBTMPI_VENV=$VENV \
+             sbatch --parsable --nodes=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
+             --export=ALL \
+             --output="$WORK/$tpl-%j.out" "$ROOT/slurm/$tpl.sbatch" run.toml \
+             --set run.dir="$WORK/$tpl")
+        for k in $(seq 1 300); do
+            squeue -h -j "$id" 2>/dev/null | grep -q . || break
+            sleep 1
+        done
+        hosts=$("$PY" -c "import json; print(' '.join(r['host'] for r in json.load(open('$WORK/$tpl/summary.json'))['environment']['ranks']))" 2>/dev/null)
+        same=$("$PY" -c "import numpy as np; print(np.load('$WORK/$tpl/model.npz')['z'].tobytes() == np.load('$WORK/local/model.npz')['z'].tobytes())" 2>/dev/null)
+        if [ "$hosts" = "node1 node2 node3" ] && [ "$same" = True ]; then
+            ok "sbatch --nodes=$NODES slurm/$tpl.sbatch: ranks on $hosts, z equal to the one-node run"
+        else
+            bad "slurm/$tpl.sbatch: ranks on '$hosts', z equal: '$same'"
+            tail -15 "$WORK/$tpl-$id.out"
+        fi
+    done
+}
+[ "${SLURM_PART:-1}" = 1 ] && slurm_part
+
 for algo in ${ALGOS//,/ }; do
     before=$(across)
     if timeout 900 "$MPIEXEC" -iface "$BR" -launcher ssh -launcher-exec "$WORK/launch" \

@@ -266,16 +266,15 @@ class MasterReports:
         if warn:
             self.log(warn)
 
-    def _finish(self, t_start, cpu_start, calls0, bytes0, images):
-        r = self.cfg["run"]
-        wall = time.perf_counter() - t_start
+    def _summary(self, wall, cpu, calls0, bytes0, images):
+        """summary.json's figures of this job (the test evaluation's are
+        added by _finish)."""
         passes = {}
         for h in self.history:             # honest pass times: block ends to block ends
             passes[h["pass"]] = passes.get(h["pass"], 0.0) + h["wall_s"]
         if passes and self.history[-1]["block"] >= self.start:
             # the last block's own tail (its checkpoint, metrics) ends the last pass
             passes[self.history[-1]["pass"]] += getattr(self, "tail_s", 0.0)
-        cpu = time.process_time() - cpu_start
         summary = {"algorithm": self.algo, "N": self.n_workers, "blocks": self.total_blocks,
                    "parameters": self.P,
                    "passes": self.total_blocks / self.sched.blocks_per_pass,
@@ -313,11 +312,17 @@ class MasterReports:
                    # than STARVED_SHARE of its compute time
                    "starved_blocks": {str(i): c for i, c in
                                       sorted(self.starved.counts.items())},
-                   # figure -> {worker: [MiB at the first pass end, MiB later]}
+                   # figure -> {worker: [MiB where its rises began, MiB when named]}
                    # of the workers whose memory kept growing (a leak?)
                    "memory_growth": {k: {str(i): v for i, v in sorted(d.items())}
                                      for k, d in self.growth.found.items()},
                    "environment": self._environment()}
+        return summary
+
+    def _finish(self, t_start, cpu_start, calls0, bytes0, images):
+        r = self.cfg["run"]
+        wall = time.perf_counter() - t_start
+        summary = self._summary(wall, time.process_time() - cpu_start, calls0, bytes0, images)
         trained = self.total_blocks - self.start
         late = self.starved.summary(trained) if self.is_master else None
         if late:               # a run too short for the live report

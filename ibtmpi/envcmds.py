@@ -8,23 +8,14 @@ from . import __version__
 from .cli import UsageError, _model
 
 
-def srun_mpi_plugin(library):
-    """srun's --mpi for an MPI library version string: pmix for Open MPI
-    (4 and later are built with PMIx), pmi2 for MPICH and its relatives
-    (the PyPI wheel; stock Debian Slurm has pmi2 but may lack PMIx)."""
-    return "pmix" if "open mpi" in library.lower() else "pmi2"
-
-
 def cmd_info(args):
-    if args.srun_mpi:               # the library's name, without starting MPI
+    if args.srun_mpi:               # from the MPI's own launcher: no MPI started here
+        from . import launcher
         try:
-            import mpi4py
-            mpi4py.rc.initialize = mpi4py.rc.finalize = False
-            from mpi4py import MPI
-            library = MPI.Get_library_version()
-        except Exception:           # no usable mpi4py: the MPICH wheel is the default
-            library = ""
-        print(srun_mpi_plugin(library))
+            kind = launcher.flavor(launcher.find_mpiexec())
+        except launcher.LauncherError:
+            kind = "unknown"
+        print(launcher.srun_mpi_plugin(kind))
         return 0
     import numpy as np
     from . import comm, threads

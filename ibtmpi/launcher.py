@@ -70,3 +70,10 @@ def command(nprocs, mpiexec=None):
     -n and the program (an MPMD line's ranks count together)."""
     mpiexec = mpiexec or find_mpiexec()
     return [mpiexec] + options(mpiexec, nprocs)
+
+
+def srun_mpi_plugin(kind):
+    """srun's --mpi for a launcher flavor (flavor()): pmix for Open MPI (4
+    and later are built with PMIx), pmi2 for Hydra's MPIs and otherwise
+    (the PyPI MPICH wheel; stock Debian Slurm has pmi2 but may lack PMIx)."""
+    return "pmix" if kind == "openmpi" else "pmi2"

@@ -21,6 +21,8 @@ optimum of a convex problem), tests/mpi/test_trainer_mpi.py.
 """
 from __future__ import annotations
 
+import abc
+
 import math
 
 import numpy as np
@@ -67,7 +69,7 @@ class Algorithm:
                              f"{how}, or pick a parallel algorithm ({others})")
 
 
-class BlockAlgorithm(Algorithm):
+class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
     """z0 may be a NumPy or a CuPy array: the update is written as one
     NumPy-API call per elementwise op (CuPy dispatches them, one kernel per
     op, no fused multiply-add), so a GPU worker's z is bitwise equal to the
@@ -196,10 +198,12 @@ class BlockAlgorithm(Algorithm):
         # residuals: sum ||w_i - z||^2 from sum ||w_i - z_s||^2
         return z - zs, sum_w - dt(self.n) * zs, z - z_prev
 
+    @abc.abstractmethod
     def _step(self, S, sl):
         """The algorithm's update on slice sl (S is already S[sl]): sets
-        z[sl] and its own buffers; returns the sum of the workers' w there."""
-        raise NotImplementedError
+        z[sl] and its own buffers; returns the sum of the workers' w there
+        (every algorithm class writes its own: Python refuses to build one
+        that does not)."""
 
     def _map(self, f, items):
         """[f(x) for x in items], over a pool of `threads` threads (NumPy

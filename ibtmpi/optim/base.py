@@ -17,6 +17,8 @@ Tests: tests/unit/test_optim.py.
 """
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 OPTIMIZERS = {}          # name -> class: the single list (config, docs)
@@ -28,7 +30,7 @@ def register(cls):
     return cls
 
 
-class Optimizer:
+class Optimizer(metaclass=abc.ABCMeta):
     name = ""
 
     def __init__(self, params, lr, extra_grad=None, ops=None):
@@ -41,12 +43,14 @@ class Optimizer:
         self.steps = 0
 
     @classmethod
+    @abc.abstractmethod
     def from_config(cls, o, params, ops=None):
-        """From the [optim] section (config.DEFAULTS holds every default)."""
-        raise NotImplementedError
+        """From the [optim] section (config.DEFAULTS holds every default);
+        every optimizer class writes its own."""
 
+    @abc.abstractmethod
     def step(self, g):
-        raise NotImplementedError
+        """One update of w from the gradient g (and extra_grad)."""
 
     # -- state: the only way anybody reads or writes the buffers -------------
     def state_spec(self):

@@ -540,13 +540,13 @@ def test_set_rho_keeps_the_unscaled_duals(small_dataset, tmp_path):
 
 # item 19: templates that run on a stock cluster with the recommended install
 def test_srun_mpi_plugin_follows_the_venvs_mpi(capsys):
-    from ibtmpi.envcmds import srun_mpi_plugin
-    assert srun_mpi_plugin("MPICH Version: 5.0.2") == "pmi2"
-    assert srun_mpi_plugin("Open MPI v5.0.11, package: Open MPI") == "pmix"
+    from ibtmpi import launcher
+    assert launcher.srun_mpi_plugin("hydra") == "pmi2"
+    assert launcher.srun_mpi_plugin("openmpi") == "pmix"
+    assert launcher.srun_mpi_plugin("unknown") == "pmi2"
     assert main(["info", "--srun-mpi"]) == 0
     out = capsys.readouterr().out.strip()
-    from ibtmpi import comm
-    assert out == srun_mpi_plugin(comm.library_version())
+    assert out == launcher.srun_mpi_plugin(launcher.flavor(launcher.find_mpiexec()))
 
 
 def test_templates_ask_no_long_time_limit_and_say_their_pmi():

@@ -14,6 +14,7 @@ Usage: python benchmarks/bench_failures.py [--quick] [--only REGEX]
 Needs root for the full-disk case (a 3 MiB tmpfs); it is skipped otherwise.
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -39,17 +40,16 @@ def train_cmd(data, run, *sets, n=3, passes=400):
     return ([MPIEXEC, "-n", str(n)] if n > 1 else []) + [PY, "-m", "ibtmpi", "train"] + args
 
 
-def rank_pid(run, rank):
-    for d in os.listdir("/proc"):
+def rank_pid(run, rank, wait=30.0):
+    """The pid of rank `rank` of the job training into run, from the file
+    each rank of an MPI job writes at its start (RUN/.ranks/rank-R.json)."""
+    path = os.path.join(run, ".ranks", f"rank-{rank}.json")
+    t0 = time.time()
+    while time.time() - t0 < wait:
         try:
-            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{d}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"ibtmpi" in cmd and run.encode() in cmd and (
-                f"PMI_RANK={rank}".encode() in env
-                or f"OMPI_COMM_WORLD_RANK={rank}".encode() in env):
-            return int(d)
+            return json.load(open(path))["pid"]
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)
     return None
 
 
@@ -117,9 +117,12 @@ def main():
     case("SIGTERM to worker 1", train_cmd(data, run_dir("g")),
          fault=lambda p: os.kill(rank_pid(run_dir("g"), 2), signal.SIGTERM))
     for d in ("d", "e"):                # a stopped rank left behind by a failed case
-        pid = rank_pid(run_dir(d), 2)
-        if pid:
-            os.kill(pid, signal.SIGKILL)
+        pid = rank_pid(run_dir(d), 2, wait=0)
+        try:
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     if os.geteuid() == 0 and (not a.only or re.search(a.only, "full disk")):
         mnt = os.path.join(tmp, "full")
         os.makedirs(mnt)

@@ -165,19 +165,9 @@ else
 fi
 # -- Slurm across the nodes: slurmctld here, one slurmd per node namespace --
 slurm_part() {
-    if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-        say "installing slurm-wlm and munge"
-        apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null \
-            || { bad "cannot install slurm-wlm"; return; }
-    fi
-    mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
-    chown munge:munge /run/munge /var/log/munge /var/lib/munge
-    [ -s /etc/munge/munge.key ] || dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 \
-        count=1 status=none
-    chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-    STARTED_MUNGE=0
-    if ! pgrep -x munged >/dev/null; then runuser -u munge -- munged; STARTED_MUNGE=1; fi
+    . "$ROOT/tests/slurm/munge_slurm.sh"
+    slurm_install || { bad "cannot install slurm-wlm"; return; }
+    munge_start
     export SLURM_CONF=$WORK/slurm.conf
     mkdir -p "$WORK/state"
     chmod 755 "$WORK"

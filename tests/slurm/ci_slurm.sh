@@ -13,11 +13,8 @@ VENV=$(cd "${1:-$ROOT/.venv}" && pwd)
 say() { echo "[slurm-ci] $*"; }
 passed=0
 ok() { passed=$((passed + 1)); say "ok: $*"; }
-if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-    say "installing slurm-wlm and munge"
-    apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
-fi
+. "$ROOT/tests/slurm/munge_slurm.sh"
+slurm_install
 T=$(mktemp -d /tmp/ibtmpi-slurm.XXXXXX)
 chmod 755 "$T"
 export SLURM_CONF=$T/slurm.conf
@@ -31,17 +28,7 @@ cleanup() {
 trap cleanup EXIT
 
 # munge: own run dir and key, started as the munge user
-mkdir -p /run/munge /var/log/munge /var/lib/munge /etc/munge
-chown munge:munge /run/munge /var/log/munge /var/lib/munge
-if [ ! -s /etc/munge/munge.key ]; then
-    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
-fi
-chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
-STARTED_MUNGE=0
-if ! pgrep -x munged >/dev/null; then
-    runuser -u munge -- munged
-    STARTED_MUNGE=1
-fi
+munge_start
 
 HOST=$(hostname -s)
 CPUS=$(nproc)

@@ -41,3 +41,20 @@ def train_args(data, run_dir, passes=1, **extra):
                  "run.threads": 1, "run.quiet": "true", **extra}.items():
         out += ["--set", f"{k}={v}"]
     return out
+
+
+def rank_pid(run_dir, rank):
+    """The pid of MPI rank `rank` of the job training into run_dir, from the
+    processes' own environment (MPICH's PMI_RANK or Open MPI's rank), not
+    from anything ibtmpi wrote; None if there is none."""
+    for d in os.listdir("/proc"):
+        try:
+            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{d}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"ibtmpi" in cmd and str(run_dir).encode() in cmd and (
+                f"PMI_RANK={rank}".encode() in env
+                or f"OMPI_COMM_WORLD_RANK={rank}".encode() in env):
+            return int(d)
+    return None

@@ -8,7 +8,7 @@ import pytest
 
 from ibtmpi import config
 from ibtmpi.cli import build_parser, main
-from conftest import train_args
+from conftest import rank_pid, train_args
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
@@ -438,16 +438,7 @@ def test_a_stopped_worker_is_found_by_the_default_watchdog(small_dataset, tmp_pa
         if line.startswith("placement:"):
             break
     time.sleep(1.0)
-    worker = None                    # rank 2: the process whose environment says so
-    for d in os.listdir("/proc"):
-        try:
-            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{d}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"ibtmpi" in cmd and str(run).encode() in cmd and (
-                b"PMI_RANK=2" in env or b"OMPI_COMM_WORLD_RANK=2" in env):
-            worker = int(d)
+    worker = rank_pid(run, 2)
     assert worker, "rank 2 not found"
     t0 = time.time()
     os.kill(worker, signal.SIGSTOP)
@@ -594,16 +585,7 @@ def test_a_sigkilled_worker_is_named_by_status_and_the_next_start(small_dataset,
         if line.startswith("placement:"):
             break
     time.sleep(1.0)
-    worker = None
-    for d in os.listdir("/proc"):
-        try:
-            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
-            c = open(f"/proc/{d}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if b"ibtmpi" in c and str(run).encode() in c and (
-                b"PMI_RANK=2" in env or b"OMPI_COMM_WORLD_RANK=2" in env):
-            worker = int(d)
+    worker = rank_pid(run, 2)
     assert worker
     os.kill(worker, signal.SIGKILL)
     p.communicate(timeout=60)

@@ -12,6 +12,7 @@ are accumulated while writing.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import gc
@@ -26,7 +27,7 @@ import numpy as np
 
 from ibtmpi import __version__
 from ibtmpi.dataset import FORMAT, VERSION
-from ibtmpi.fsutil import fsync_dir, fsync_path
+from ibtmpi.fsutil import fsync_dir, fsync_path, is_storage_error
 
 
 class WriteError(Exception):
@@ -67,16 +68,14 @@ def hdf5_files_open():
 
 
 def _storage_errno(e):
-    """The errno of a failed HDF5 write (h5py raises OSError or RuntimeError
-    with HDF5's 'errno = 28' in the text), or None for another error."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS,
-                                              errno.EIO, errno.EFBIG):
+    """The errno of a failed HDF5 write (h5py raises OSError, or RuntimeError
+    with HDF5's 'errno = 28' in the text) where the file system is at
+    fault (fsutil's storage errors), or None for another error."""
+    if is_storage_error(e):
         return e.errno
     m = re.search(r"errno = (\d+)", str(e))
-    if m and int(m.group(1)) in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO,
-                                 errno.EFBIG):
-        return int(m.group(1))
-    return None
+    code = int(m.group(1)) if m else None
+    return code if is_storage_error(OSError(code, "")) else None
 
 
 def shard_names(n_shards):
@@ -171,24 +170,19 @@ class DatasetWriter:
             self._npix += len(px)
         self.written[split] += len(images)
 
+    @contextlib.contextmanager
     def _storage(self, name):
         """A context in which a write the file system refuses (disk full,
         quota, read-only, I/O error) removes the partial data set and
         becomes one OSError naming the file, instead of h5py's errors."""
-        writer = self
-
-        class Guard:
-            def __enter__(self):
-                return self
-
-            def __exit__(self, et, ev, tb):
-                code = _storage_errno(ev) if ev is not None else None
-                if code is None:
-                    return False
-                writer.abort()
-                raise OSError(code, os.strerror(code),
-                              os.path.join(writer.out, name)) from None
-        return Guard()
+        try:
+            yield
+        except (OSError, RuntimeError) as e:
+            code = _storage_errno(e)
+            if code is None:
+                raise
+            self.abort()
+            raise OSError(code, os.strerror(code), os.path.join(self.out, name)) from None
 
     def abort(self):
         """Close what can be closed and remove the partial directory. After a

@@ -50,6 +50,39 @@ WATCHDOG_FLOOR_S = float(os.environ.get("IBTMPI_WATCHDOG_FLOOR_S", "60"))
 WATCHDOG_GRACE_S = 2.0      # the in-Allreduce timer fires this much after the limit
 
 
+class Alarm:
+    """One daemon thread for the whole run that calls fire(*args) once an
+    armed deadline passes, unless disarmed before: the master's guard over
+    the blocking Allreduce, armed per block (per step in ssgd) without
+    starting a thread each time."""
+
+    def __init__(self):
+        import threading
+        self._cv = threading.Condition()
+        self._due = self._call = None
+        threading.Thread(target=self._loop, name="allreduce-alarm", daemon=True).start()
+
+    def arm(self, seconds, fire, *args):
+        with self._cv:
+            self._due, self._call = time.monotonic() + seconds, (fire, args)
+            self._cv.notify()
+
+    def disarm(self):
+        with self._cv:
+            self._due = None
+            self._cv.notify()
+
+    def _loop(self):
+        while True:
+            with self._cv:
+                while self._due is None or time.monotonic() < self._due:
+                    self._cv.wait(None if self._due is None
+                                  else self._due - time.monotonic())
+                fire, args = self._call
+                self._due = None
+            fire(*args)
+
+
 def stuck_ranks(placement):
     """{rank: 'stopped' | 'gone'} of the ranks on this node whose process is
     stopped (SIGSTOP, a debugger) or no longer there: from /proc, so only

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import threading
 import time
 
 import numpy as np
@@ -26,8 +25,8 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory
-from .lifecycle import (WATCHDOG_FACTOR, WATCHDOG_FLOOR_S, WATCHDOG_GRACE_S, Diverged,
-                        WatchdogTimeout, stuck_ranks, watchdog_limit)
+from .lifecycle import (WATCHDOG_FACTOR, WATCHDOG_FLOOR_S, WATCHDOG_GRACE_S, Alarm,
+                        Diverged, WatchdogTimeout, stuck_ranks, watchdog_limit)
 from .packet import FLAG_CKPT, FLAG_EARLY, FLAG_NONFINITE, FLAG_STOP
 
 
@@ -167,15 +166,14 @@ class BlockSteps:
             # a rank stopped after it arrived blocks everyone inside the
             # library's Allreduce, where watch() is not called: a timer thread
             # ends the job then
-            timer = threading.Timer(limit + WATCHDOG_GRACE_S, self._hung_in_allreduce,
-                                    (k, why))
-            timer.daemon = True
-            timer.start()
+            if self.alarm is None:
+                self.alarm = Alarm()
+            self.alarm.arm(limit + WATCHDOG_GRACE_S, self._hung_in_allreduce, k, why)
             try:
                 mpi.allreduce_sum(send, recv, self.comm, work=work, watch=watch, last=last)
                 mpi.wait_all([req for req, _ in posted.values()])
             finally:
-                timer.cancel()
+                self.alarm.disarm()
         else:
             req, _buf = mpi.send_arrival(k)
             mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap, last=last)

@@ -89,6 +89,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         self.pending_ckpt = None         # block whose files await confirmation
         self.ckpt_write = None           # its write in flight (checkpoint.BackgroundWrite)
         self.ckpt_write_max_s = 0.0      # the longest write so far (the watchdog allows it)
+        self.alarm = None                # master: lifecycle.Alarm over the blocking Allreduce
         self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
         self.changed_before = []         # every resume's changes so far (the manifests')
         self.pending_change = None       # their text, for the first block's metrics line

@@ -664,3 +664,19 @@ def test_a_checkpoint_with_damaged_data_is_set_aside(small_dataset, tmp_path, ca
     out = capsys.readouterr().out
     assert "cannot be read" in out and "set aside as" in out, out
     assert f"resuming from {ckpt.ckpt_dir(str(run), done[-2])}" in out
+
+
+def test_the_allreduce_alarm_fires_once_past_its_deadline_and_not_when_disarmed():
+    import threading
+    import time
+    from ibtmpi.train.lifecycle import Alarm
+    fired, ev = [], threading.Event()
+    a = Alarm()
+    a.arm(0.05, lambda *x: (fired.append(x), ev.set()), 7, "why")
+    assert ev.wait(2) and fired == [(7, "why")]
+    ev.clear()
+    for k in range(50):                     # armed and disarmed per block: never fires
+        a.arm(0.2, lambda *x: (fired.append(x), ev.set()), k)
+        a.disarm()
+    assert not ev.wait(0.4) and len(fired) == 1
+    assert sum(t.name == "allreduce-alarm" for t in threading.enumerate()) >= 1

@@ -668,7 +668,6 @@ def test_a_checkpoint_with_damaged_data_is_set_aside(small_dataset, tmp_path, ca
 
 def test_the_allreduce_alarm_fires_once_past_its_deadline_and_not_when_disarmed():
     import threading
-    import time
     from ibtmpi.train.lifecycle import Alarm
     fired, ev = [], threading.Event()
     a = Alarm()

@@ -118,7 +118,7 @@ class BlockSteps:
         self._at("allreduce")
         t3, c3 = time.perf_counter(), time.process_time()
         S = self._reduce_packed(work, k, None if self.local else self._flag_checkpoint)
-        t4 = time.perf_counter()
+        t4 = self.t_reduced = time.perf_counter()   # the block's end (honest wall time)
         self.tl.span("allreduce", t3, t4, self._lane, block=k,
                      cpu_s=round(time.process_time() - c3, 6))
         self._check_flags(k)
@@ -318,7 +318,8 @@ class BlockSteps:
             self._at("allreduce")
             t0, c0 = time.perf_counter(), time.process_time()
             S = self._reduce_packed(work, k)
-            self.tl.span("allreduce", t0, time.perf_counter(), self._lane, block=k, step=s,
+            self.t_reduced = time.perf_counter()    # the last step's: the block's end
+            self.tl.span("allreduce", t0, self.t_reduced, self._lane, block=k, step=s,
                          cpu_s=round(time.process_time() - c0, 6))
             self._check_flags(k)
             g = S * np.float32(1.0 / n)

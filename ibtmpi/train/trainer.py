@@ -90,6 +90,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         self.ckpt_write = None           # its write in flight (checkpoint.BackgroundWrite)
         self.ckpt_write_max_s = 0.0      # the longest write so far (the watchdog allows it)
         self.alarm = None                # master: lifecycle.Alarm over the blocking Allreduce
+        self.t_reduced = 0.0             # when this rank's last Allreduce returned
         self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
         self.changed_before = []         # every resume's changes so far (the manifests')
         self.pending_change = None       # their text, for the first block's metrics line
@@ -367,9 +368,13 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
 
     def _block_times(self):
         """(wall, master busy, master slack) of the block that just ended:
-        wall from the previous block's end; slack the master's sleep in the
-        wait for the workers; busy the rest but the Allreduce itself."""
-        now, st = time.perf_counter(), mpi.STATS
+        wall from the previous block's end, a block ending when its (last)
+        Allreduce returns on the master, the update after it counted in the
+        next block, so that the master's own update does not shift a
+        boundary past the workers' start of their next compute; slack the
+        master's sleep in the wait for the workers; busy the rest but the
+        Allreduce itself."""
+        now, st = self.t_reduced, mpi.STATS
         wall = now - self.t_boundary
         d = {k: st[k] - self.stats_boundary.get(k, 0.0) for k in ("wait_s", "work_s", "reduce_s")}
         slack = max(d["wait_s"] - d["work_s"], 0.0)

@@ -57,7 +57,7 @@ cleanup() {
         scontrol shutdown >/dev/null 2>&1
         sleep 1
         [ -s "$WORK/slurmctld.pid" ] && kill -9 "$(cat "$WORK/slurmctld.pid")" 2>/dev/null
-        [ "${STARTED_MUNGE:-0}" = 1 ] && pkill -x munged 2>/dev/null
+        [ "${STARTED_MUNGE:-0}" = 1 ] && munge_stop
     fi
     for i in $(seq 1 $NODES); do
         ns=${TAG}n$i
@@ -167,7 +167,7 @@ fi
 slurm_part() {
     . "$ROOT/tests/slurm/munge_slurm.sh"
     slurm_install || { bad "cannot install slurm-wlm"; return; }
-    munge_start
+    munge_start || { bad "munged does not start"; return; }
     export SLURM_CONF=$WORK/slurm.conf
     mkdir -p "$WORK/state"
     chmod 755 "$WORK"

@@ -23,7 +23,7 @@ cleanup() {
     sleep 1
     pkill -f "slurmctld" >/dev/null 2>&1 || true
     pkill -f "slurmd" >/dev/null 2>&1 || true
-    if [ "${STARTED_MUNGE:-0}" = 1 ]; then pkill -x munged >/dev/null 2>&1 || true; fi
+    if [ "${STARTED_MUNGE:-0}" = 1 ]; then munge_stop; fi
 }
 trap cleanup EXIT
 

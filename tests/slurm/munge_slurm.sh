@@ -3,7 +3,7 @@
 # slurm_install: 0 when slurmctld and munged are there (installed if not).
 # munge_start: munge's directories and key, munged started as the munge
 # user unless one runs; sets STARTED_MUNGE=1 when it started it (the
-# caller stops it then).
+# caller stops it then, with munge_stop); it answers when this returns 0.
 
 slurm_install() {
     if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
@@ -11,6 +11,16 @@ slurm_install() {
         apt-get update -qq >/dev/null
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
     fi
+}
+
+munge_up() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+# munged stopped and gone: a pkill'd munged takes a moment to exit, and one
+# still exiting when the next stage checks would pass for a running one.
+munge_stop() {
+    pkill -x munged 2>/dev/null || true
+    for _ in $(seq 1 100); do pgrep -x munged >/dev/null || return 0; sleep 0.1; done
+    pkill -9 -x munged 2>/dev/null || true
 }
 
 munge_start() {
@@ -21,8 +31,12 @@ munge_start() {
     fi
     chown munge:munge /etc/munge/munge.key && chmod 400 /etc/munge/munge.key
     STARTED_MUNGE=0
-    if ! pgrep -x munged >/dev/null; then
-        runuser -u munge -- munged
-        STARTED_MUNGE=1
-    fi
+    munge_up && return 0
+    # not answering: one may be exiting (or hung); start a fresh one
+    munge_stop
+    runuser -u munge -- munged --force
+    STARTED_MUNGE=1
+    for _ in $(seq 1 100); do munge_up && return 0; sleep 0.1; done
+    echo "munged did not come up: $(tail -3 /var/log/munge/munged.log 2>/dev/null)" >&2
+    return 1
 }

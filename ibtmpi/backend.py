@@ -221,7 +221,8 @@ class GpuOps:
         n, f, ho, wo = dy.shape
         kh, kw = w.shape[2], w.shape[3]
         dy2 = cp.ascontiguousarray(dy.transpose(1, 0, 2, 3)).reshape(f, -1)
-        self.bias_grad_rows(dy2, db)
+        if db is not None:                               # None: a conv without bias
+            self.bias_grad_rows(dy2, db)
         cp.matmul(dy2, col.T, out=dw.reshape(f, -1))     # straight into the gradient
         if not need_dx:
             return None
@@ -319,6 +320,98 @@ class GpuOps:
         res = dyc if (out is dy and dyc is dy) else cp.empty_like(dyc)
         self._launch("activation.cu", "relu_bwd", dyc.size, dyc, yc, res, np.int64(dyc.size))
         return self._into(res, out)
+
+    # -- batch norm, global average pool, residual sum ----------------------------
+    def _layout(self, x):
+        """(the memory the kernels read, cnhw): a conv's (C, N, H, W) buffer
+        where x is an NCHW view of one, else x as a contiguous NCHW array."""
+        from .ops import is_cnhw
+        if is_cnhw(x):
+            return x.transpose(1, 0, 2, 3), 1
+        return self.cp.ascontiguousarray(x), 0
+
+    def _channel_sums(self, x, a, mean, C, M, HW, cnhw, mode, out):
+        """out (C,) = per-channel sums of bn_partial's term (mode 0: x, 1:
+        (x - mean)^2, 2: x * a), in fixed-order passes: bn_partial, then
+        row_partial_sums down to one (no atomics, bitwise repeatable)."""
+        from .ops import row_sum_widths
+        p = row_sum_widths(M)[0]
+        part = out if p == 1 else self.cp.empty((C, p), np.float32)
+        self._launch("norm.cu", "bn_partial", C * p, x, a, mean, part, np.int32(C),
+                     np.int64(M), np.int64(HW), np.int32(p), np.int32(cnhw),
+                     np.int32(mode))
+        if p > 1:
+            self.bias_grad_rows(part, out)
+        return out
+
+    def batchnorm_forward(self, x, gamma, beta, rmean, rvar, train, momentum=0.1,
+                          eps=1e-5, ws=None):
+        """ops.batchnorm_forward on the device (kernels/norm.cu): x in either
+        layout; y and xhat (C, N, H, W); rmean/rvar moved in place (train)."""
+        cp = self.cp
+        n, c, h, w = x.shape
+        M, HW = n * h * w, h * w
+        base, cnhw = self._layout(x)
+        mean, invstd = cp.empty(c, np.float32), cp.empty(c, np.float32)
+        s2 = mean
+        if train:
+            s1, s2 = cp.empty(c, np.float32), cp.empty(c, np.float32)
+            self._channel_sums(base, base, base, c, M, HW, cnhw, 0, s1)
+            self._launch("norm.cu", "bn_mean", c, s1, mean, np.int32(c), np.int64(M))
+            self._channel_sums(base, base, mean, c, M, HW, cnhw, 1, s2)
+        self._launch("norm.cu", "bn_stats", c, s2, mean, invstd, rmean, rvar, np.int32(c),
+                     np.int64(M), np.float32(momentum), np.float32(eps),
+                     np.int32(bool(train)))
+        xhat, y = cp.empty((c, n, h, w), np.float32), cp.empty((c, n, h, w), np.float32)
+        self._launch("norm.cu", "bn_apply", xhat.size, base, mean, invstd, gamma, beta,
+                     xhat, y, np.int32(c), np.int64(M), np.int64(HW), np.int32(cnhw))
+        return y.transpose(1, 0, 2, 3), xhat, invstd
+
+    def batchnorm_backward(self, dy, xhat, invstd, gamma, dgamma, dbeta, need_dx=True,
+                           ws=None):
+        cp = self.cp
+        c, n, h, w = xhat.shape
+        M, HW = n * h * w, h * w
+        base, cnhw = self._layout(dy)
+        self._channel_sums(base, base, base, c, M, HW, cnhw, 0, dbeta)
+        self._channel_sums(base, xhat, base, c, M, HW, cnhw, 2, dgamma)
+        if not need_dx:
+            return None
+        dx = cp.empty((c, n, h, w), np.float32)
+        self._launch("norm.cu", "bn_bwd_dx", dx.size, base, xhat, dgamma, dbeta, gamma,
+                     invstd, dx, np.int32(c), np.int64(M), np.int64(HW), np.int32(cnhw))
+        return dx.transpose(1, 0, 2, 3)
+
+    def gap_forward(self, x, out=None):
+        n, c, h, w = x.shape
+        base, cnhw = self._layout(x)
+        y = self.cp.empty((n, c), np.float32)
+        self._launch("pool.cu", "gap_fwd", n * c, base, y, np.int32(n), np.int32(c),
+                     np.int64(h * w), np.int32(cnhw))
+        return self._into(y, out)
+
+    def gap_backward(self, dy, x_shape, out=None):
+        n, c, h, w = x_shape
+        dx = self.cp.empty(x_shape, np.float32)
+        self._launch("pool.cu", "gap_bwd", dx.size, self.cp.ascontiguousarray(dy), dx,
+                     np.int64(n * c), np.int64(h * w))
+        return self._into(dx, out)
+
+    def add_relu_forward(self, a, b, out):
+        """y = max(a + b, 0) (kernels/activation.cu add_relu_fwd) in a's
+        layout; in place when out is a; b is brought to a's layout if it
+        has another."""
+        cp = self.cp
+        ab, acn = self._layout(a)
+        bb, bcn = self._layout(b)
+        if bcn != acn:
+            bb = cp.ascontiguousarray(b.transpose(1, 0, 2, 3) if acn else b)
+        inplace = out is a and (acn or a.flags.c_contiguous)
+        y = ab if inplace else cp.empty_like(ab)
+        self._launch("activation.cu", "add_relu_fwd", y.size, ab, bb, y, np.int64(y.size))
+        if inplace:
+            return a
+        return self._into(y.transpose(1, 0, 2, 3) if acn else y, out)
 
     # -- linear, loss -----------------------------------------------------------
     def linear_forward(self, x, w, b, out=None):

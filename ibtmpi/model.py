@@ -5,8 +5,7 @@ vector, all gradients in another and all non-parameter buffers in a third.
 holds views into them (weight then bias, layer by layer), so optimizers,
 the consensus algorithms and MPI each see one buffer. ``Model.buffers``
 (``n_buffers``,) float32, on the params' device, holds the layers'
-non-parameter state (BatchNorm's running mean/variance; no layer has any
-yet, so it is empty) as views bound the same way (``Layer.bind_buffers``):
+non-parameter state (BatchNorm's running mean/variance) as views bound the same way (``Layer.bind_buffers``):
 not trained and not in the gradient; the trainer carries it in the block's
 ONE packed Allreduce right after the model part, averaged as DESIGN.md
 section 9 says. Input is NCHW float. The layer kinds, their spec keys and
@@ -20,8 +19,11 @@ Layer specs (config ``model.layers``) are dicts or bare names:
 ``{type="conv", out=32, k=3, stride=1, pad=1}``, ``"relu"``,
 ``{type="maxpool", k=2, stride=2}``, ``"flatten"``,
 ``{type="linear", out=256}`` (``out`` omitted = number of classes),
-``{type="dropout", p=0.5}``. Presets: ``reference`` (the paper-style CNN),
-``softmax`` (linear-only softmax regression), ``tiny`` (for tests).
+``{type="dropout", p=0.5}``, ``{type="batchnorm", momentum=0.1, eps=1e-5}``,
+``{type="residual", out=64, stride=2}`` (a basic block), ``"gap"``
+(global average pooling). Presets: ``reference`` (the paper-style CNN),
+``softmax`` (linear-only softmax regression), ``tiny`` (for tests),
+``resnet8`` and ``resnet18`` (BatchNorm, residual blocks, GAP).
 """
 from __future__ import annotations
 
@@ -44,6 +46,25 @@ PRESETS = {
         {"type": "linear"},
     ],
     "softmax": ["flatten", {"type": "linear"}],
+    # stem conv3x3-16 + BN + ReLU, one basic block per stage at 16/32/64
+    # channels (strides 1/2/2), global average pool, linear: for 16-64 px
+    "resnet8": [
+        {"type": "conv", "out": 16, "k": 3, "pad": 1, "bias": False}, "batchnorm",
+        "relu",
+        {"type": "residual", "out": 16, "stride": 1},
+        {"type": "residual", "out": 32, "stride": 2},
+        {"type": "residual", "out": 64, "stride": 2},
+        "gap", {"type": "linear"},
+    ],
+    # torchvision's ResNet-18 for small inputs: conv3x3 stem at 64 channels,
+    # no stem max-pool, stages [2, 2, 2, 2] at 64/128/256/512, GAP, linear
+    "resnet18": [
+        {"type": "conv", "out": 64, "k": 3, "pad": 1, "bias": False}, "batchnorm",
+        "relu",
+    ] + [{"type": "residual", "out": c, "stride": s if j == 0 else 1}
+         for c, s in ((64, 1), (128, 2), (256, 2), (512, 2)) for j in range(2)] + [
+        "gap", {"type": "linear"},
+    ],
     "tiny": [
         {"type": "conv", "out": 4, "k": 3, "pad": 1}, "relu",
         {"type": "maxpool", "k": 2},
@@ -151,6 +172,41 @@ class Model:
         for layer in self.layers:
             layer.seed_rng([seed, 1])
 
+    # -- buffers under the consensus (DESIGN.md section 9) ----------------------
+    def _buffer_views(self, flat):
+        """Per layer, the list of views of `flat` (n_buffers,) that are its
+        buffers."""
+        out = {}
+        for li, _name, sl in self.buffer_slices:
+            out.setdefault(li, []).append(flat[sl])
+        return out
+
+    def buffer_moments(self, out):
+        """Add this model's buffer moments (Layer.moments) into out
+        (n_buffers,) host float32: a worker's share of the block's sum."""
+        if not self.n_buffers:
+            return
+        host = self.buffers if self.xp is np else self.device_ops.asnumpy(self.buffers)
+        views = self._buffer_views(host)
+        for li, dst in self._buffer_views(out).items():
+            for d, m in zip(dst, self.layers[li].moments(views[li])):
+                d += m
+
+    def buffers_from_moments(self, sums, n):
+        """The buffers every rank sets (n_buffers,) host float32 from the
+        workers' summed moments (Layer.from_moments)."""
+        res = np.zeros(self.n_buffers, np.float32)
+        views = self._buffer_views(np.asarray(sums, np.float32))
+        for li, dst in self._buffer_views(res).items():
+            for d, v in zip(dst, self.layers[li].from_moments(views[li], n)):
+                d[...] = v
+        return res
+
+    def load_buffers(self, flat):
+        """Set the buffers from a host (n_buffers,) array."""
+        if self.n_buffers:
+            self.buffers[...] = flat if self.xp is np else self.device_ops.asarray(flat)
+
     def set_dropout_seed(self, seed):
         """Reseed the layers' own generators (dropout), per block and worker:
         no RNG state to checkpoint."""
@@ -160,11 +216,16 @@ class Model:
 
     def summary(self):
         lines = []
+        width = max([40] + [len(layer.describe()) for layer in self.layers])
         for layer, shape in zip(self.layers, self.shapes[1:]):
             n = sum(int(np.prod(s)) for s in layer.param_shapes())
-            lines.append(f"  {layer.describe():<40} -> {str(shape):<16} {n:>10,d}")
+            lines.append(f"  {layer.describe():<{width}} -> {str(shape):<16} {n:>10,d}")
         lines.append(f"  total parameters: {self.size:,d} "
-                     f"({self.size * self.dtype.itemsize / 2**20:.1f} MiB)")
+                     f"({self.size * self.dtype.itemsize / 2**20:.1f} MiB)"
+                     + (f"; buffers: {self.n_buffers:,d} (running statistics)"
+                        if self.n_buffers else ""))
+        lines.append(f"  training FLOPs per sample: "
+                     f"{self.train_flops_per_sample() / 1e9:.3f} G (forward + backward)")
         return "\n".join(lines)
 
     def train_flops_per_sample(self):

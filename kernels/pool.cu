@@ -82,3 +82,30 @@ extern "C" __global__ void maxpool_bwd(const float* __restrict__ dy,
         dx[idx] = acc;
     }
 }
+
+// Global average pooling. NumPy twins: ops.gap_forward / ops.gap_backward.
+// y[n, c] = (sum over the H*W positions in order) * (1 / HW); x NCHW or,
+// with cnhw, the (C, N, H, W) buffer a conv writes. One thread per (n, c).
+extern "C" __global__ void gap_fwd(const float* __restrict__ x, float* __restrict__ y, int N,
+                                   int C, long long HW, int cnhw)
+{
+    const long long total = (long long)N * C;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x) {
+        const long long n = i / C, c = i - n * C;
+        const float* p = x + (cnhw ? (c * N + n) * HW : i * HW);
+        float acc = 0.0f;
+        for (long long j = 0; j < HW; ++j) acc += p[j];
+        y[i] = acc * (1.0f / (float)HW);
+    }
+}
+
+// dx[n, c, :, :] = dy[n, c] / HW, dx NCHW.
+extern "C" __global__ void gap_bwd(const float* __restrict__ dy, float* __restrict__ dx,
+                                   long long NC, long long HW)
+{
+    const long long total = NC * HW;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x)
+        dx[i] = dy[i / HW] * (1.0f / (float)HW);
+}

@@ -138,6 +138,16 @@ class Layer:
         """Set the buffers to their initial values (the model's buffers start
         at zero); none here."""
 
+    def moments(self, bufs):
+        """This worker's share of the consensus of its buffers (one array
+        per buffer, as bufs), summed over the workers by the block's
+        Allreduce; from_moments(sums, n) turns the sums back into the
+        buffers every rank sets. Default: the plain average."""
+        return list(bufs)
+
+    def from_moments(self, sums, n):
+        return [s * np.float32(1.0 / n) for s in sums]
+
     def seed_rng(self, entropy):
         """Reseed the layer's own generator, if it has one (dropout)."""
 
@@ -152,10 +162,12 @@ class Layer:
         raise RuntimeError(f"ONNX export: no mapping for layer {self.describe()}")
 
     def _onnx_weights(self, i, numpy_helper):
-        """The weight and bias as initializers W{i}, B{i}."""
-        w, b = self.params
-        return [numpy_helper.from_array(np.ascontiguousarray(w), f"W{i}"),
-                numpy_helper.from_array(np.ascontiguousarray(b), f"B{i}")]
+        """The weight and bias (if any) as initializers W{i}, B{i}."""
+        return [numpy_helper.from_array(np.ascontiguousarray(self._host(a)), f"{n}{i}")
+                for n, a in zip("WB", self.params)]
+
+    def _host(self, a):
+        return a if self.on_host else self.ops.asnumpy(a)
 
     # -- helpers ------------------------------------------------------------
     @property
@@ -179,12 +191,13 @@ def he_std(layer):
 
 
 def he_normal(layer, rng, dtype):
-    """He-normal weight (std sqrt(2/fan_in)), zero bias: drawn on the host in
+    """He-normal weight (std sqrt(2/fan_in)), zero bias (if any): drawn on the host in
     float64 for every backend and dtype (the same init everywhere), then
     cast, scaled in the model's dtype and copied to the layer's device."""
     dtype = np.dtype(dtype)
-    w, b = layer.params
+    w, b = layer.params[0], layer.params[1:]
     vals = rng.standard_normal(w.shape, dtype=np.float64).astype(dtype) * \
         dtype.type(he_std(layer))
     w[...] = vals if layer.on_host else layer.ops.asarray(vals)
-    b[...] = 0
+    for bias in b:
+        bias[...] = 0

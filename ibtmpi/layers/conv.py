@@ -1,6 +1,7 @@
 """The 2-D convolution layer (spec ``{type="conv", out=32, k=3, stride=1,
-pad=1}``; pad omitted = k // 2) over ibtmpi/ops/conv.py (NumPy) or
-backend.GpuOps (kernels/conv.cu + cuBLAS). Weights (F, C, k, k), bias (F,),
+pad=1, bias=true}``; pad omitted = k // 2; bias=false before a batchnorm,
+whose beta makes a bias redundant) over ibtmpi/ops/conv.py (NumPy) or
+backend.GpuOps (kernels/conv.cu + cuBLAS). Weights (F, C, k, k), bias (F,) unless bias=false,
 He-normal init. Tests: tests/unit/test_ops.py (the op against naive loops,
 scipy and finite differences), tests/unit/test_model.py (in a model).
 """
@@ -15,12 +16,13 @@ from .base import REQUIRED, Layer, he_normal, register
 @register
 class Conv2d(Layer):
     kind = "conv"
-    keys = {"out": REQUIRED, "k": 3, "stride": 1, "pad": None}
+    keys = {"out": REQUIRED, "k": 3, "stride": 1, "pad": None, "bias": True}
 
-    def __init__(self, in_ch, out_ch, k=3, stride=1, pad=None):
+    def __init__(self, in_ch, out_ch, k=3, stride=1, pad=None, bias=True):
         super().__init__()
         self.in_ch, self.out_ch, self.k, self.stride = in_ch, out_ch, k, stride
         self.pad = k // 2 if pad is None else pad
+        self.has_bias = bool(bias)
 
     @classmethod
     def from_spec(cls, entry, in_shape, n_classes, idx):
@@ -28,11 +30,19 @@ class Conv2d(Layer):
         if len(in_shape) != 3:
             raise ValueError(f"model.layers[{idx}]: conv needs (C, H, W) "
                              f"input, got {in_shape}")
+        if not isinstance(v["bias"], bool):
+            raise ValueError(f"model.layers[{idx}] (conv): bias must be true or false, "
+                             f"got {v['bias']!r}")
         return [cls(in_shape[0], int(v["out"]), int(v["k"]), int(v["stride"]),
-                    None if v["pad"] is None else int(v["pad"]))]
+                    None if v["pad"] is None else int(v["pad"]), v["bias"])]
 
     def param_shapes(self):
-        return [(self.out_ch, self.in_ch, self.k, self.k), (self.out_ch,)]
+        w = (self.out_ch, self.in_ch, self.k, self.k)
+        return [w, (self.out_ch,)] if self.has_bias else [w]
+
+    @property
+    def bias(self):
+        return self.params[1] if self.has_bias else None
 
     def fan_in(self):
         return self.in_ch * self.k * self.k
@@ -63,26 +73,28 @@ class Conv2d(Layer):
     def forward(self, x, train):
         self.x_shape = x.shape
         if self.phase_out and self.on_host:
-            y, self.col = ops.conv2d_forward(x, self.params[0], self.params[1],
+            y, self.col = ops.conv2d_forward(x, self.params[0], self.bias,
                                              self.stride, self.pad, ws=self.ws,
                                              phase=self.phase_out)
             return y
         y, self.col = self.ops.conv2d_forward(
-            x, self.params[0], None if self.bias_in_pool else self.params[1],
+            x, self.params[0], None if self.bias_in_pool else self.bias,
             self.stride, self.pad, ws=self.ws)
         return y
 
     def backward(self, dy, need_dx=True):
         return self.ops.conv2d_backward(dy, self.col, self.x_shape, self.params[0],
                                    self.stride, self.pad, self.grads[0],
-                                   self.grads[1], need_dx, ws=self.ws)
+                                   self.grads[1] if self.has_bias else None, need_dx,
+                                   ws=self.ws)
 
     def onnx(self, inp, out, i, helper, numpy_helper):
         node = helper.make_node(
-            "Conv", [inp, f"W{i}", f"B{i}"], [out], kernel_shape=[self.k, self.k],
+            "Conv", [inp, f"W{i}"] + ([f"B{i}"] if self.has_bias else []), [out],
+            kernel_shape=[self.k, self.k],
             pads=[self.pad] * 4, strides=[self.stride] * 2)
         return [node], self._onnx_weights(i, numpy_helper)
 
     def describe(self):
         return (f"conv{self.k}x{self.k}({self.in_ch}->{self.out_ch}, "
-                f"stride {self.stride}, pad {self.pad})")
+                f"stride {self.stride}, pad {self.pad}{'' if self.has_bias else ', no bias'})")

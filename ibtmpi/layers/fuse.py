@@ -51,7 +51,7 @@ def fuse_for_device(layers):
     for i, layer in enumerate(layers):
         if not isinstance(layer, MaxPool2d):
             continue
-        if i > 0 and isinstance(layers[i - 1], Conv2d):
+        if i > 0 and isinstance(layers[i - 1], Conv2d) and layers[i - 1].has_bias:
             layers[i - 1].bias_in_pool = True
             layer.bias = layers[i - 1].params[1]
         if i + 1 < len(layers) and isinstance(layers[i + 1], ReLU):

@@ -69,3 +69,33 @@ class MaxPool2d(Layer):
 
     def describe(self):
         return f"maxpool{self.k}(stride {self.stride})"
+
+
+@register
+class GlobalAvgPool(Layer):
+    """Global average pooling (spec ``"gap"``): (C, H, W) -> (C,), the
+    mean over the spatial positions; a linear layer may follow directly."""
+
+    kind = "gap"
+
+    def out_shape(self, in_shape):
+        if len(in_shape) != 3:
+            raise ValueError(f"gap needs (C, H, W) input, got {in_shape}")
+        return (in_shape[0],)
+
+    def forward(self, x, train):
+        self.x_shape = x.shape
+        return self.ops.gap_forward(x, out=self._scratch("y", x.shape[:2], x.dtype))
+
+    def backward(self, dy, need_dx=True):
+        if not need_dx:
+            return None
+        return self.ops.gap_backward(dy, self.x_shape,
+                                     out=self._scratch("dx", self.x_shape, dy.dtype))
+
+    def onnx(self, inp, out, i, helper, numpy_helper):
+        return [helper.make_node("GlobalAveragePool", [inp], [f"{out}_4d"]),
+                helper.make_node("Flatten", [f"{out}_4d"], [out], axis=1)], []
+
+    def describe(self):
+        return "global average pool"

@@ -1,7 +1,7 @@
 """NumPy reference ops of the CNN engine: the CPU backend and the signature
 every CUDA kernel in ``kernels/`` mirrors, one module per op family like
 the kernel files (conv.py ~ conv.cu, pool.py ~ pool.cu, activation.py ~
-activation.cu, softmax_xent.py ~ softmax_xent.cu; linear.py and dropout.py
+activation.cu, norm.py ~ norm.cu, softmax_xent.py ~ softmax_xent.cu; linear.py and dropout.py
 have no kernel file of their own; common.py holds the Workspace and the
 buffer helpers). Layout: activations are NCHW, (batch, channels, height,
 width); conv weights are (F, C, kh, kw); linear weights are (out, in) so
@@ -22,8 +22,10 @@ from .conv import (_col_geometry, _grid_cols, _input_grad_on_grid, _padded, _pha
                    row_partial_sums, row_sum_widths)
 from .pool import (_route_to_phases, maxpool2_quads_backward, maxpool2_quads_forward,
                    maxpool2_rows_backward, maxpool2_rows_forward, maxpool_backward,
-                   maxpool_forward)
-from .activation import relu_backward, relu_forward
+                   maxpool_forward, gap_backward, gap_forward)
+from .activation import add_relu_forward, relu_backward, relu_forward
+from .norm import (batchnorm_backward, batchnorm_forward, batchnorm_from_moments,
+                   batchnorm_moments, bn_partial)
 from .linear import linear_backward, linear_forward
 from .dropout import dropout_backward, dropout_forward
 from .softmax_xent import softmax_xent_backward, softmax_xent_forward
@@ -34,6 +36,9 @@ __all__ = [
     "row_sum_widths", "row_partial_sums",
     "maxpool_forward", "maxpool_backward", "maxpool2_rows_forward",
     "maxpool2_rows_backward", "maxpool2_quads_forward", "maxpool2_quads_backward",
+    "gap_forward", "gap_backward", "add_relu_forward",
+    "batchnorm_forward", "batchnorm_backward", "batchnorm_moments",
+    "batchnorm_from_moments", "bn_partial",
     "relu_forward", "relu_backward", "linear_forward", "linear_backward",
     "dropout_forward", "dropout_backward",
     "softmax_xent_forward", "softmax_xent_backward",

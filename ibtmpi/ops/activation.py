@@ -17,3 +17,10 @@ def relu_backward(dy, y, out=None):
         out = np.empty_like(dy)
     np.multiply(dy, y > 0, out=out)
     return out
+
+
+def add_relu_forward(a, b, out):
+    """y = max(a + b, 0) into out (a residual block's sum and its ReLU;
+    kernels/activation.cu add_relu_fwd); out may be a or b."""
+    np.add(a, b, out=out)
+    return np.maximum(out, 0, out=out)

@@ -120,7 +120,8 @@ def col2im(col, x_shape, kh, kw, stride, pad, out=None, ws=None):
 
 def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None,
                    phase=None):
-    """y (N, F, Ho, Wo) = conv(x (N, C, H, W), w (F, C, kh, kw)) + b (F,).
+    """y (N, F, Ho, Wo) = conv(x (N, C, H, W), w (F, C, kh, kw)) + b (F,)
+    (b None: no bias).
 
     Returns (y, col); col (C*kh*kw, N*Ho*Wo) is what backward needs.
     phase (host fast path for a conv followed by a 2x2/stride-2 max-pool;
@@ -144,7 +145,8 @@ def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None,
     im2col(x, kh, kw, stride, pad, out=col, ws=ws, phase=phase)
     y2 = _buf(ws, "y2", (f, n * ho * wo), x.dtype)
     np.matmul(w.reshape(f, -1), col, out=y2)          # (F, N*Ho*Wo)
-    y2 += b[:, None]
+    if b is not None:                                 # None: no bias (before a BN)
+        y2 += b[:, None]
     if phase:
         if phase == "quads":
             return y2.reshape(f, 2, 2, n, ho // 2, wo // 2), col
@@ -165,7 +167,7 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
 
     dy (N, F, Ho, Wo), or the phase array (5-D "rows", 6-D "quads") when
     forward ran with a phase; col from forward; writes dw (F, C, kh, kw)
-    and db (F,) in place (overwrites); returns dx (N, C, H, W) or None.
+    and db (F,) in place (overwrites; db None: a conv without bias); returns dx (N, C, H, W) or None.
     With a ws, the input gradient reuses col's memory: one backward per
     forward.
     """
@@ -182,7 +184,8 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
         else:
             dy2 = _buf(ws, "dy2", (f, n * ho * wo), dy.dtype)
             np.copyto(dy2.reshape(f, n, ho, wo), dyt)
-    np.sum(dy2, axis=1, out=db)
+    if db is not None:
+        np.sum(dy2, axis=1, out=db)
     # dW^T = col @ dy2^T: OpenBLAS runs this orientation 10-20% faster than
     # dy2 @ col^T on these shapes (measured); the transpose back is tiny.
     dwt = _buf(ws, "dwt", (col.shape[0], f), dy.dtype)

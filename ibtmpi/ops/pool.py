@@ -194,3 +194,26 @@ def maxpool2_quads_backward(dy, argmax, ws=None):
     _route_to_phases(dy, argmax, [[d6[:, i, j] for j in range(2)]
                                   for i in range(2)], ws)
     return d6
+
+
+# --------------------------------------------------------------------------
+# global average pooling (kernels/pool.cu gap_fwd / gap_bwd)
+# --------------------------------------------------------------------------
+
+def gap_forward(x, out=None):
+    """y (N, C) = mean of x (N, C, H, W) over H and W (any strides)."""
+    n, c, h, w = x.shape
+    if out is None:
+        out = np.empty((n, c), x.dtype)
+    np.sum(x, axis=(2, 3), out=out)
+    out *= x.dtype.type(1.0 / (h * w))
+    return out
+
+
+def gap_backward(dy, x_shape, out=None):
+    """dx (N, C, H, W) = dy (N, C) / (H * W) at every position."""
+    n, c, h, w = x_shape
+    if out is None:
+        out = np.empty(x_shape, dy.dtype)
+    out[...] = (dy * dy.dtype.type(1.0 / (h * w)))[:, :, None, None]
+    return out

@@ -20,7 +20,7 @@ GRIDS = [(1, 1), (3, 7), (64, 128)]
 
 
 def test_all_sources_present():
-    assert sorted(CU) == ["activation.cu", "conv.cu", "optim.cu", "pool.cu",
+    assert sorted(CU) == ["activation.cu", "conv.cu", "norm.cu", "optim.cu", "pool.cu",
                           "softmax_xent.cu"]
 
 
@@ -256,3 +256,100 @@ def test_sgd_update_kernel_matches_reference_and_sgd_class(mods, grid, nesterov,
     opt.v[:] = v0
     opt.step(g.copy())
     np.testing.assert_allclose(cw, rw, rtol=1e-6, atol=1e-7)
+
+
+# -- batch norm, GAP, residual sum (kernels/norm.cu, pool.cu, activation.cu) --
+
+def _bn_input(n, c, h, w, cnhw):
+    x = (RNG.standard_normal((n, c, h, w)) * 2 + 0.5).astype(np.float32)
+    base = np.ascontiguousarray(x.transpose(1, 0, 2, 3)) if cnhw else x.copy()
+    return x, base
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("cnhw", [0, 1])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("shape,p", [((2, 3, 4, 5), 1), ((3, 2, 5, 7), 2), ((4, 3, 9, 9), 6)])
+def test_bn_partial_is_its_twin_bitwise(mods, grid, cnhw, mode, shape, p):
+    n, c, h, w = shape
+    x, base = _bn_input(n, c, h, w, cnhw)
+    M = n * h * w
+    xcm = np.ascontiguousarray(x.transpose(1, 0, 2, 3)).reshape(c, M)
+    a = RNG.standard_normal((c, M)).astype(np.float32)
+    mean = RNG.standard_normal(c).astype(np.float32)
+    out = np.empty((c, p), np.float32)
+    mods["norm"].bn_partial(*grid, base, a, mean, out, c, M, h * w, p, cnhw, mode)
+    ref = ops.bn_partial(xcm, a, mean, p, mode)
+    assert out.tobytes() == ref.tobytes()
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("cnhw", [0, 1])
+def test_bn_forward_and_backward_kernels_match_the_numpy_op(mods, grid, cnhw):
+    n, c, h, w = 3, 4, 5, 3
+    M, HW = n * h * w, h * w
+    x, base = _bn_input(n, c, h, w, cnhw)
+    gamma = RNG.standard_normal(c).astype(np.float32)
+    beta = RNG.standard_normal(c).astype(np.float32)
+    rm0 = RNG.standard_normal(c).astype(np.float32)
+    rv0 = (RNG.random(c) + 0.5).astype(np.float32)
+    k = mods["norm"]
+    for train in (1, 0):
+        rm, rv = rm0.copy(), rv0.copy()
+        mean, invstd = np.empty(c, np.float32), np.empty(c, np.float32)
+        s2 = mean
+        if train:
+            s1, s2 = np.empty(c, np.float32), np.empty(c, np.float32)
+            k.bn_partial(*grid, base, base, base, s1, c, M, HW, 1, cnhw, 0)
+            k.bn_mean(*grid, s1, mean, c, M)
+            k.bn_partial(*grid, base, base, mean, s2, c, M, HW, 1, cnhw, 1)
+        k.bn_stats(*grid, s2, mean, invstd, rm, rv, c, M, 0.1, 1e-5, train)
+        xhat, y = np.empty((c, M), np.float32), np.empty((c, M), np.float32)
+        k.bn_apply(*grid, base, mean, invstd, gamma, beta, xhat, y, c, M, HW, cnhw)
+        rrm, rrv = rm0.copy(), rv0.copy()
+        ry, rxhat, rinv = ops.batchnorm_forward(x, gamma, beta, rrm, rrv, bool(train))
+        np.testing.assert_allclose(y.reshape(c, n, h, w).transpose(1, 0, 2, 3), ry,
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(invstd, rinv, rtol=1e-5)
+        np.testing.assert_allclose(rm, rrm, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(rv, rrv, rtol=1e-5, atol=1e-6)
+    # backward, dy in the chosen layout
+    dy, dybase = _bn_input(n, c, h, w, cnhw)
+    dg, db = np.empty(c, np.float32), np.empty(c, np.float32)
+    k.bn_partial(*grid, dybase, dybase, dybase, db, c, M, HW, 1, cnhw, 0)
+    k.bn_partial(*grid, dybase, xhat, dybase, dg, c, M, HW, 1, cnhw, 2)
+    dx = np.empty((c, M), np.float32)
+    k.bn_bwd_dx(*grid, dybase, xhat, dg, db, gamma, invstd, dx, c, M, HW, cnhw)
+    rdg, rdb = np.empty(c, np.float32), np.empty(c, np.float32)
+    rdx = ops.batchnorm_backward(dy, rxhat, rinv, gamma, rdg, rdb)
+    np.testing.assert_allclose(dg, rdg, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db, rdb, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx.reshape(c, n, h, w).transpose(1, 0, 2, 3), rdx,
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("cnhw", [0, 1])
+def test_gap_kernels(mods, grid, cnhw):
+    n, c, h, w = 3, 5, 4, 3
+    x, base = _bn_input(n, c, h, w, cnhw)
+    y = np.empty((n, c), np.float32)
+    mods["pool"].gap_fwd(*grid, base, y, n, c, h * w, cnhw)
+    naive = np.array([[sum(float(v) for v in x[a, ch].ravel()) / (h * w) for ch in range(c)]
+                      for a in range(n)])
+    np.testing.assert_allclose(y, naive, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y, ops.gap_forward(x), rtol=1e-5, atol=1e-6)
+    dy = RNG.standard_normal((n, c)).astype(np.float32)
+    dx = np.empty((n, c, h, w), np.float32)
+    mods["pool"].gap_bwd(*grid, dy, dx, n * c, h * w)
+    np.testing.assert_allclose(dx, ops.gap_backward(dy, x.shape), rtol=1e-6)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_add_relu_kernel(mods, grid):
+    a, b = (RNG.standard_normal(101).astype(np.float32) for _ in range(2))
+    y = np.empty(101, np.float32)
+    mods["activation"].add_relu_fwd(*grid, a, b, y, 101)
+    assert y.tobytes() == ops.add_relu_forward(a, b, np.empty(101, np.float32)).tobytes()
+    mods["activation"].add_relu_fwd(*grid, a, b, a, 101)       # in place
+    assert a.tobytes() == y.tobytes()

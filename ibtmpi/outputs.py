@@ -39,7 +39,8 @@ def pyplot():
 
 
 class Trained:
-    def __init__(self, z, layers, input_shape, classes, mean, std, source, ops=None):
+    def __init__(self, z, layers, input_shape, classes, mean, std, source, ops=None,
+                 buffers=None):
         self.classes = list(classes)
         self.mean = np.asarray(mean, np.float64)
         self.std = np.asarray(std, np.float64)
@@ -55,13 +56,22 @@ class Trained:
                 f"{source}: parameters are {z.dtype}{list(z.shape)}, the model needs "
                 f"float32[{self.model.size}] (incompatible checkpoint)")
         self.model.params[...] = z if ops is None else ops.asarray(z)
+        nb = self.model.n_buffers
+        if nb:
+            if buffers is None or buffers.shape != (nb,) or buffers.dtype != np.float32:
+                got = "none" if buffers is None else f"{buffers.dtype}{list(buffers.shape)}"
+                raise TrainedModelError(
+                    f"{source}: the model's layers need float32[{nb}] buffers (BatchNorm's "
+                    f"running statistics), the file has {got}")
+            self.model.load_buffers(buffers)
 
     def to_device(self, ops):
         """The same model computing with the device ops (backend.GpuOps)."""
-        z = self.model.params if self.model.xp is np else self.model.device_ops.asnumpy(
-            self.model.params)
-        return Trained(np.asarray(z), self.layers, self.model.input_shape, self.classes,
-                       self.mean, self.std, self.source, ops=ops)
+        host = (lambda a: a) if self.model.xp is np else self.model.device_ops.asnumpy
+        return Trained(np.asarray(host(self.model.params)), self.layers,
+                       self.model.input_shape, self.classes, self.mean, self.std,
+                       self.source, ops=ops,
+                       buffers=np.asarray(host(self.model.buffers), np.float32))
 
     @property
     def image_shape(self):                      # (H, W, C)
@@ -119,16 +129,25 @@ def _model_npz(path):
     except (ValueError, TypeError, KeyError) as e:
         raise TrainedModelError(f"{path}: malformed model file ({e})") from None
     size = sum(int(np.prod(s)) for layer in built for s in layer.param_shapes())
+    nb = sum(int(np.prod(s)) for layer in built for s in layer.buffer_shapes())
     z = _npz(path, {"z": ((size,), np.float32)})["z"]
-    return Trained(z, layers, shape, classes, norm["mean"], norm["std"], path)
+    buffers = _npz(path, {"buffers": ((nb,), np.float32)})["buffers"] if nb else None
+    return Trained(z, layers, shape, classes, norm["mean"], norm["std"], path,
+                   buffers=buffers)
 
 
-def save_model(path, z, model, ds, cfg):
-    """The trained model, self-contained and pickle-free: parameters, layer
-    spec, input shape, classes and the normalisation it was trained with."""
+def save_model(path, z, model, ds, cfg, buffers=None):
+    """The trained model, self-contained and pickle-free: parameters, the
+    buffers (BatchNorm's running statistics; only where the layers have
+    any), layer spec, input shape, classes and the normalisation it was
+    trained with."""
     tmp = path + f".tmp-{os.getpid()}"
+    more = {}
+    if model.n_buffers:
+        more["buffers"] = np.asarray(buffers if model.xp is np or isinstance(
+            buffers, np.ndarray) else model.device_ops.asnumpy(buffers), np.float32)
     with open(tmp, "wb") as f:
-        np.savez(f, format=np.array("ibtmpi-model-1"), z=z,
+        np.savez(f, format=np.array("ibtmpi-model-1"), z=z, **more,
                  input_shape=np.array(model.input_shape, np.int64),
                  classes=np.array(json.dumps(ds.classes)),
                  layers=np.array(json.dumps(cfg["model"]["layers"])),
@@ -191,8 +210,12 @@ def _from_checkpoint(d):
     from .consensus import get
     # a per-step algorithm (ssgd) has no consensus z: the replicated params are the model
     name = "params" if get(cfg["algorithm"]["name"]).per_step else "z"
-    z = _npz(os.path.join(d, "rank-00000.npz"), {name: ((probe.size,), np.float32)})[name]
-    return Trained(z, cfg["model"]["layers"], (c, h, w), ds.classes, ds.mean, ds.std, d)
+    spec = {name: ((probe.size,), np.float32)}
+    if probe.n_buffers:
+        spec["zbuf"] = ((probe.n_buffers,), np.float32)
+    arrs = _npz(os.path.join(d, "rank-00000.npz"), spec)
+    return Trained(arrs[name], cfg["model"]["layers"], (c, h, w), ds.classes, ds.mean,
+                   ds.std, d, buffers=arrs.get("zbuf"))
 
 
 # -- evaluation ---------------------------------------------------------------

@@ -167,6 +167,7 @@ class MasterReports:
         between, so the master can poll MPI; writes (loss, acc) into out."""
         from ..serial import evaluate_steps
         np.copyto(self.eval_model.params, params)
+        self.eval_model.load_buffers(self.zbuf)       # z's running statistics
         return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
                               self.ds.std, out, batch)
 
@@ -358,7 +359,7 @@ class MasterReports:
             if last_val:
                 summary["val_acc"] = last_val[-1]["val_acc"]
             save_model(os.path.join(r["dir"], "model.npz"), self.z, self.model,
-                       self.ds, self.cfg)
+                       self.ds, self.cfg, self.zbuf)
             if self.best is not None:
                 summary["best"] = self._best_summary(summary)
             if self.early_agreed and self.early is not None:
@@ -441,7 +442,7 @@ class MasterReports:
             self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
             if write and r["keep_best"]:
                 save_model(os.path.join(self.run_dir, BEST), self.eval_model.params,
-                           self.model, self.ds, self.cfg)
+                           self.model, self.ds, self.cfg, self.eval_model.buffers)
         d, ref = r["early_stop_delta"], self.ref
         if ref is None or (rec["val_acc"] > ref["val_acc"] + d if d else
                            eval_rank(rec) > eval_rank(ref)):

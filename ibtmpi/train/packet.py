@@ -1,15 +1,18 @@
 """The block packet: ONE float32 buffer per direction that carries
 everything a block's single Allreduce sums, with named slot views.
 
-  [ model part (P) | stats: loss_sum, samples, correct, q, 2 reserved |
+  [ model part (P) | buffer moments (B) | stats: loss_sum, samples, correct,
+    q, 2 reserved |
     compute s (N) | data-wait s (N) | compute CPU s (N) | peak RSS MiB (N) |
     GPU pool MiB (N) | flags (master + N workers) ]
 
 q is sum_i ||w_i - z_s||^2 (the primal residual's raw sum). Flags: 1 stop
 requested (signal), 2 non-finite, 4 checkpoint file written, 8 early stop;
-each rank sets its own slot, so the sum is an OR. A slot is added by one
-entry in SLOTS (BatchNorm's running statistics will ride after the model
-part), and nobody computes an offset by hand. With a GPU worker's state
+each rank sets its own slot, so the sum is an OR. The buffer moments are
+the workers' shares of the model's buffers (BatchNorm's running
+statistics: Model.buffer_moments, DESIGN.md section 9; B = 0 without
+such layers). A slot is one entry in the list below, and nobody computes
+an offset by hand. With a GPU worker's state
 on its device the model part lives on the device too (`model_out`), and
 `reduce` moves it as the MPI library needs (CUDA-aware or staged).
 Tests: tests/unit/test_trainer.py, tests/mpi/test_trainer_mpi.py,
@@ -29,10 +32,10 @@ class BlockPacket:
     """send/recv: the host buffers (pinned where a GPU stages through them);
     send_d/recv_d: device buffers where the model part lives on a GPU."""
 
-    def __init__(self, P, n, empty=None, device_zeros=None):
+    def __init__(self, P, n, empty=None, device_zeros=None, B=0):
         empty = empty or (lambda m: np.empty(m, np.float32))
-        self.P, self.n = P, n
-        slots = [("model", P), ("stats", NS)] + [(s, n) for s in WORKER_SLOTS] + \
+        self.P, self.n, self.B = P, n, B
+        slots = [("model", P), ("buffers", B), ("stats", NS)] + [(s, n) for s in WORKER_SLOTS] + \
             [("flags", 1 + n)]
         self.slots, off = {}, 0
         for name, m in slots:

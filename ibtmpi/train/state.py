@@ -34,6 +34,8 @@ class CheckpointState:
         spec = {}
         if self.is_master and self.cons is not None:
             spec.update(self.cons.state_spec())
+        if self.is_master and self.packet.B:         # the agreed buffers (BatchNorm's)
+            spec["zbuf"] = ((self.packet.B,), np.float32)
         if self.A.per_step:
             spec["params"] = ((self.P,), np.float32)
             spec.update({f"opt_{k}": v for k, v in self.opt.state_spec().items()})
@@ -48,6 +50,8 @@ class CheckpointState:
         a = {}
         if self.is_master and self.cons is not None:
             a.update(self.cons.state())
+        if self.is_master and self.packet.B:
+            a["zbuf"] = self.zbuf
         if self.A.per_step:
             a["params"] = self._host(self.model.params)
             a.update({f"opt_{k}": self._host(v) for k, v in self.opt.state().items()})
@@ -269,6 +273,8 @@ class CheckpointState:
                 f"from the same z"))
         z = t.model.params                 # float32 on the host (load_trained)
         self.model.params[...] = self._dev(z)
+        self.zbuf = np.array(t.model.buffers, np.float32)
+        self.model.load_buffers(self.zbuf)
         if self.A.per_step:
             self.z[...] = z
         else:
@@ -314,6 +320,10 @@ class CheckpointState:
                                           self.cons.state_spec()), self._put)
         mine = ckpt.read_rank(os.path.join(where, ckpt.rank_file(self.rank)),
                               self._state_spec())
+        if self.packet.B:                             # every rank: the master's copy
+            self.zbuf = ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)), {
+                "zbuf": ((self.packet.B,), np.float32)})["zbuf"].copy()
+            self.model.load_buffers(self.zbuf)
         opt_keys = list(self.opt.state_spec())
         if self.A.per_step:
             self.model.params[...] = self._dev(mine["params"])

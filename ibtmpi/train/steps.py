@@ -78,6 +78,7 @@ class BlockSteps:
             self.faults.compute(self.rank, k)
             self.model.set_dropout_seed([self.cfg["data"]["seed"], k, i])
             self._swap_in(i)
+            self.model.load_buffers(self.zbuf)   # every worker starts from the agreed ones
             if self.cfg["optim"]["reset_momentum"]:
                 self.opt.reset()
             ws = self.states[i]
@@ -98,6 +99,7 @@ class BlockSteps:
                 wh[0] = np.nan
             out = tmp if tmp is not None else vec
             q = self.cons.contribution(ws, wh, out)
+            self.model.buffer_moments(pk.out("buffers"))
             if tmp is not None:
                 vec += tmp
             self._swap_out(i)
@@ -109,7 +111,7 @@ class BlockSteps:
             pk.put("cpu", i, c2 - c1)
             self._put_memory(i)
             if not (math.isfinite(loss_sum) and math.isfinite(q)
-                    and np.isfinite(out).all()):
+                    and np.isfinite(out).all() and np.isfinite(pk.out("buffers")).all()):
                 pk.flag(1 + i, FLAG_NONFINITE)
         # the last checkpoint's write ran while this block computed: a worker
         # waits for it now, a master of its own once the workers are there
@@ -122,11 +124,21 @@ class BlockSteps:
         self.tl.span("allreduce", t3, t4, self._lane, block=k,
                      cpu_s=round(time.process_time() - c3, 6))
         self._check_flags(k)
+        self._agree_buffers()
         diag = self.cons.update(S, pk.stat("q"))
         for i in self.local:
             self.cons.worker_end(self.states[i], None)
         self.tl.span("consensus", t4, time.perf_counter(), self._lane, block=k)
         return p, b, diag
+
+    def _agree_buffers(self):
+        """After the block's Allreduce: the buffers every rank sets from the
+        workers' summed moments (Model.buffers_from_moments), bitwise the
+        same on every rank and in the simulation."""
+        if self.packet.B:
+            self.zbuf = self.model.buffers_from_moments(self.packet.got("buffers"),
+                                                        self.n_workers)
+            self.model.load_buffers(self.zbuf)
 
     def _reduce_packed(self, work, k, last=None):
         """The block's one Allreduce of the packed buffer; returns the
@@ -286,7 +298,8 @@ class BlockSteps:
             t1 = time.perf_counter()
             t_data[i] = t1 - t0
             self.tl.span("data", t0, t1, 1 + i, block=k)
-        tot = np.zeros(pk.flags0 - self.P, np.float64)   # stats and timings
+        s0 = pk.slots["stats"].start
+        tot = np.zeros(pk.flags0 - s0, np.float64)       # stats and timings
         w0 = self.model.params
         gsum = pk.model_out()
         self._at("compute")
@@ -299,11 +312,13 @@ class BlockSteps:
             for i in self.local:
                 t0, c0 = time.perf_counter(), time.process_time()
                 x, y = data[i][s]
+                self.model.load_buffers(self.zbuf)
                 if len(y):
                     loss, c = self.model.loss_and_grad(x, y)
                     g = self.model.grads
                     gsum += g if self.device_state else self._host(g)
                     pk.add_stats(loss * len(y), len(y), c)
+                self.model.buffer_moments(pk.out("buffers"))
                 t1, c1 = time.perf_counter(), time.process_time()
                 pk.add("compute", i, t1 - t0)
                 pk.add("cpu", i, c1 - c0)
@@ -322,12 +337,13 @@ class BlockSteps:
             self.tl.span("allreduce", t0, self.t_reduced, self._lane, block=k, step=s,
                          cpu_s=round(time.process_time() - c0, 6))
             self._check_flags(k)
+            self._agree_buffers()
             g = S * np.float32(1.0 / n)
             # same averaged gradient on every rank
             self.opt.step(g if self.device_state else self._dev(g))
-            tot += pk.recv[self.P:pk.flags0]
+            tot += pk.recv[s0:pk.flags0]
         self.z[...] = self._host(w0)
-        pk.recv[self.P:pk.flags0] = tot
+        pk.recv[s0:pk.flags0] = tot
         return p, b, {"primal": 0.0, "dual": 0.0, "rho": 0.0,
                       "lr": self.lr_at(k, 0.0, 1.0 / steps)}     # its first step's
 
@@ -341,10 +357,13 @@ class BlockSteps:
             pk.send.fill(0)
             for i in self.local:
                 x, y = mbs[i][s % len(mbs[i])]
+                self.model.load_buffers(self.zbuf)
                 if len(y):
                     self.model.loss_and_grad(x, y)
                     pk.send[:P] += self._host(self.model.grads)
+                self.model.buffer_moments(pk.out("buffers"))
             mpi.allreduce_sum(pk.send, pk.recv, self.comm)
+            self._agree_buffers()
             self.opt.step(self._dev(pk.recv[:P] * np.float32(1.0 / n)))
         self.opt.reset()
         self.cons = self._new_consensus()

@@ -158,7 +158,11 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         self.opt_states = {i: {k: np.zeros(s, dt) for k, (s, dt) in
                                self.opt.state_spec().items()} for i in self.local}
         self.packet = BlockPacket(P, self.n_workers, host_empty,
-                                  self.dev.cp.zeros if self.device_state else None)
+                                  self.dev.cp.zeros if self.device_state else None,
+                                  B=self.model.n_buffers)
+        # the buffers every rank agrees on (BatchNorm's running statistics,
+        # averaged by the block's Allreduce): host float32 (B,)
+        self.zbuf = np.array(self._host(self.model.buffers), np.float32)
 
     # -- helpers ------------------------------------------------------------
     def _new_consensus(self):

@@ -39,7 +39,11 @@ CASES = [("admm", ()), ("bmuf", ()), ("ibt", ()), ("ma", ()), ("easgd", ()),
          ("admm", ("algorithm.adaptive_rho=true", "algorithm.over_relaxation=1.5")),
          ("ibt", ("algorithm.warmup_steps=3", "algorithm.dual_reset=true")),
          ("ibt", ("optim.schedule=cosine", "optim.warmup_passes=0.5")),
-         ("ssgd", ("optim.schedule=step", "optim.milestones=[0.5, 1.0]"))]
+         ("ssgd", ("optim.schedule=step", "optim.milestones=[0.5, 1.0]")),
+         # BatchNorm's running statistics ride in the same Allreduce
+         ("ibt", ("model.layers=resnet8",)),
+         ("admm", ("model.layers=resnet8", "algorithm.warmup_steps=2")),
+         ("ssgd", ("model.layers=resnet8",))]
 
 
 @pytest.mark.parametrize("algo,extra", CASES)
@@ -53,8 +57,9 @@ def test_mpi_matches_simulation_and_z_is_bitwise_identical(dataset, algo, extra)
     expect = (sum(t.sched.steps_in_block(t.sched.locate(k)[1]) for k in range(t.total_blocks))
               if algo == "ssgd" else t.total_blocks + t.cfg["algorithm"]["warmup_steps"])
     assert s["allreduce_calls"] == expect
-    digests = W.allgather(hashlib.sha256(z.tobytes()).hexdigest())
-    assert len(set(digests)) == 1, "z differs between ranks"
+    digests = W.allgather(hashlib.sha256(z.tobytes() + t.zbuf.tobytes()).hexdigest())
+    assert len(set(digests)) == 1, "z or the buffers differ between ranks"
+    assert (t.model.buffers == t.zbuf).all()
 
     def check():
         sim = Trainer(make_cfg(dataset, algo, simulate=n_workers, extra=extra),
@@ -63,6 +68,12 @@ def test_mpi_matches_simulation_and_z_is_bitwise_identical(dataset, algo, extra)
         scale = max(1.0, float(np.abs(sim.z).max()))
         err = float(np.abs(sim.z - z).max()) / scale
         assert err <= 1e-6, f"{algo}: MPI vs simulation max rel diff {err:.2e}"
+        assert sim.zbuf.shape == t.zbuf.shape
+        if t.zbuf.size:
+            np.testing.assert_allclose(sim.zbuf, t.zbuf, rtol=1e-5, atol=1e-6)
+            from ibtmpi.model import Model
+            fresh = Model(t.cfg["model"]["layers"], t.model.input_shape, t.model.n_classes)
+            assert (t.zbuf != fresh.buffers).any()              # training moved them
     on_master(check)
 
 

@@ -45,13 +45,15 @@ setup(
         # nvidia-cuda-nvrtc-cu12 and nvidia-cuda-nvrtc (CUDA 13): NVRTC without
         # a GPU, to compile kernels/*.cu to PTX in the tests
         # (ibtmpi/kernelcheck.py): 12 for compute_70, 13 as cupy-cuda13x uses
-        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy",
+        "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy", "tifffile",
                  "onnx>=1.14", "onnxruntime>=1.16", "matplotlib>=3.5",
                  "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'",
                  "nvidia-cuda-nvrtc>=13; platform_system == 'Linux'"],
         "bench": ["torch==2.13.0"],
         "onnx": ["onnx>=1.14", "onnxruntime>=1.16"],
         "plot": ["matplotlib>=3.5"],
+        # multi-band TIFFs (GeoTIFF) for `ibtmpi prep folder --bands`
+        "geotiff": ["tifffile"],
     },
     entry_points={"console_scripts": ["ibtmpi = ibtmpi.cli:main",
                                       "ibtmpi-prep = ibtmpi.data_prep.cli:main"]},

@@ -42,7 +42,11 @@ def build_parser(prog="ibtmpi-prep"):
     p = sub.add_parser("folder", help="import a class-per-subfolder image tree",
                        description="Import ROOT/<class>/<image> trees (EuroSAT, "
                        "UC Merced, NWPU-RESISC45, AID): jpg/png/tif, RGB, grey "
-                       "or RGBA converted to RGB, resized to --size.")
+                       "or RGBA converted to RGB, resized to --size; or, with "
+                       "--bands, the bands of multi-band TIFFs (GeoTIFF, e.g. "
+                       "EuroSAT's 13 Sentinel-2 bands).",
+                       epilog="example: ibtmpi prep folder EuroSAT_MS data/ms13 "
+                       "--bands all --size 64")
     p.add_argument("root")
     p.add_argument("out")
     p.add_argument("--size", type=_pos_int, default=64)
@@ -51,6 +55,13 @@ def build_parser(prog="ibtmpi-prep"):
     p.add_argument("--split", default="0.8,0.1,0.1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shards", type=_pos_int, default=1)
+    p.add_argument("--bands", default="rgb", metavar="rgb|all|B1,B2,...",
+                   help="rgb (default): every image read as RGB; all: every band "
+                   "of each image; 4,3,2: those 1-based bands in that order. "
+                   "Under all or a list, .tif/.tiff files are read with tifffile "
+                   "(any band count, 8/16-bit or float), other images as 3 RGB "
+                   "bands; non-8-bit bands are stored mapped from their range "
+                   "onto 0..255 (docs/data.md)")
     p.add_argument("--strict", action="store_true", help="an unreadable image is an error")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -62,6 +73,7 @@ def build_parser(prog="ibtmpi-prep"):
 
 def main(argv=None, prog="ibtmpi-prep"):
     from ibtmpi.dataset import DatasetError
+    from .images import parse_bands
     from .prep import inspect, prep_folder, prep_synth
     from .writer import WriteError, parse_ratios
     ap = build_parser(prog)
@@ -83,11 +95,12 @@ def main(argv=None, prog="ibtmpi-prep"):
         elif a.cmd == "folder":
             meta, bad, dt = prep_folder(a.root, a.out, a.size, a.class_map,
                                         parse_ratios(a.split), a.seed, a.shards,
-                                        a.strict, a.overwrite, a.quiet)
+                                        a.strict, a.overwrite, a.quiet,
+                                        parse_bands(a.bands))
             if not a.quiet:
                 print(f"wrote {a.out}: classes {', '.join(meta['classes'])}; " +
                       ", ".join(f"{k} {v['n']}" for k, v in meta["splits"].items())
-                      + f" images in {dt:.1f} s")
+                      + f" images of {meta['image_shape'][2]} band(s) in {dt:.1f} s")
             if bad:                       # a warning: said even when quiet
                 print(f"skipped {len(bad)} unreadable file(s):")
                 for p, why in bad:

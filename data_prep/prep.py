@@ -4,13 +4,16 @@ synth: the procedural 5-class set (synth.py), streamed chunk by chunk into
 the atomic writer. folder: class-per-subfolder image trees (EuroSAT, UC
 Merced, NWPU-RESISC45, AID), decoded with Pillow, converted to RGB, resized,
 optionally re-labelled by a class map; unreadable files are listed and
-skipped (or fatal with strict). inspect: full validation plus a summary.
+skipped (or fatal with strict); with ``bands`` other than rgb, TIFF bands
+are kept instead (images.py: layout, resizing, uint8 storage). inspect:
+full validation plus a summary.
 """
 from __future__ import annotations
 
 import errno
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -18,11 +21,10 @@ import time
 import numpy as np
 
 from . import synth
+from .images import (IMAGE_EXT, BandError, band_scale, check_band_counts, is_tiff,
+                     load_bands, load_image, to_stored)
 from .writer import (DatasetWriter, WriteError, ensure_parent, free_bytes, needed_bytes,
                      stratified_assign)
-
-IMAGE_EXT = {".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp", ".gif", ".webp"}
-
 
 def _bar(total, desc, quiet):
     from tqdm import tqdm
@@ -129,67 +131,100 @@ def scan_folder(root, class_map=None):
     return items, targets
 
 
-def load_image(path, size):
-    """uint8 (size, size, 3) RGB; raises on unreadable files."""
-    from PIL import Image
-    with Image.open(path) as im:
-        im.load()
-        if im.mode in ("RGBA", "LA", "P"):
-            im = im.convert("RGBA")
-            bg = Image.new("RGBA", im.size, (0, 0, 0, 255))
-            im = Image.alpha_composite(bg, im)
-        im = im.convert("RGB")
-        if im.size != (size, size):
-            im = im.resize((size, size), Image.BILINEAR, reducing_gap=3.0)
-        return np.asarray(im, np.uint8)
+def _check_space(parent, shape, dtype, shards):
+    """Refuse before the first byte when decoding (shape of dtype) and
+    writing the shards would not fit beside the output."""
+    n = shape[0]
+    need = (int(np.prod(shape)) * np.dtype(dtype).itemsize
+            + needed_bytes({"all": n}, shape[1:], shards + 2))
+    free = free_bytes(parent)
+    if need > free:
+        raise OSError(errno.ENOSPC, f"No space left on device (decoding and writing "
+                      f"{n} images of {shape[1]}x{shape[2]}x{shape[3]} needs about "
+                      f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free)", parent)
+
+
+def _scratch(tmpdir, shape, dtype):
+    """A disk-backed array for the decoded images, its blocks reserved."""
+    path = os.path.join(tmpdir, "decoded.npy")
+    buf = np.lib.format.open_memmap(path, "w+", dtype, shape)
+    # reserve its blocks now: a memory map that meets a full disk later
+    # is a SIGBUS, not an error
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as e:         # a file system without fallocate: go on
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    finally:
+        os.close(fd)
+    return buf
+
+
+def _decode(items, buf, load, strict, quiet, rgb):
+    """buf[i] = load(path i); (readable mask, 8-bit-source mask, [(path, why)])."""
+    ok = np.zeros(len(items), bool)
+    u8 = np.zeros(len(items), bool)
+    bad = []
+    with _bar(len(items), "decode", quiet) as bar:
+        for i, (p, _) in enumerate(items):
+            try:
+                buf[i], u8[i] = load(p)
+                ok[i] = True
+            except BandError:                    # the tree, not this file: fatal
+                raise
+            except Exception as e:               # PIL raises many types
+                why = f"{type(e).__name__}: {e}"
+                if rgb and is_tiff(p):
+                    why += " (a TIFF of more than 3 bands? keep them with --bands all)"
+                if strict:
+                    raise WriteError(f"{p}: cannot be read as an image ({why}); "
+                                     f"remove it or drop --strict") from None
+                bad.append((p, why))
+            bar.update(1)
+    return ok, u8, bad
+
+
+def _write_splits(w, buf, good, labels, split_id, seed, store=None):
+    """Each split in a seeded random order (contiguous worker ranges are
+    class-mixed); rows of buf[good], through store (to uint8) if given."""
+    rng = np.random.default_rng([seed, 104729])
+    for s, name in enumerate(("train", "val", "test")):
+        members = np.flatnonzero(split_id == s)
+        members = members[rng.permutation(len(members))]
+        for c0 in range(0, len(members), 512):
+            sel = members[c0:c0 + 512]
+            order = np.argsort(good[sel])          # memmap-friendly
+            rows = buf[good[sel][order]]
+            if store is not None:
+                rows = store(rows)
+            unsorted = np.empty_like(rows)
+            unsorted[order] = rows
+            w.write(name, c0, unsorted, labels[sel])
 
 
 def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
-                seed=0, shards=1, strict=False, overwrite=False, quiet=False):
+                seed=0, shards=1, strict=False, overwrite=False, quiet=False,
+                bands="rgb"):
+    """bands: "rgb", "all" or a tuple of 1-based band numbers (images.py)."""
     t0 = time.perf_counter()
     cmap = load_class_map(class_map) if class_map else None
     items, classes = scan_folder(root, cmap)
     if os.path.exists(out) and not overwrite:
         raise WriteError(f"{out} already exists; choose another directory or "
                          f"pass --overwrite")
+    rgb = bands == "rgb"
+    n_bands = 3 if rgb else check_band_counts([p for p, _ in items], bands)
+    shape, dtype = (len(items), size, size, n_bands), (np.uint8 if rgb else np.float32)
     # Phase 1: decode everything into a disk-backed array (any data size),
     # beside the output: the two need about twice the data set's size
     parent = ensure_parent(out)
-    decoded = len(items) * size * size * 3
-    need = decoded + needed_bytes({"all": len(items)}, (size, size, 3), shards + 2)
-    free = free_bytes(parent)
-    if need > free:
-        raise OSError(errno.ENOSPC, f"No space left on device (decoding and writing "
-                      f"{len(items)} images of {size}x{size} needs about "
-                      f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB are free)", parent)
+    _check_space(parent, shape, dtype, shards)
     tmpdir = tempfile.mkdtemp(prefix=".prep-", dir=parent)
     try:
-        path = os.path.join(tmpdir, "decoded.npy")
-        buf = np.lib.format.open_memmap(path, "w+", np.uint8, (len(items), size, size, 3))
-        # reserve its blocks now: a memory map that meets a full disk later
-        # is a SIGBUS, not an error
-        fd = os.open(path, os.O_RDWR)
-        try:
-            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
-        except OSError as e:         # a file system without fallocate: go on
-            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                raise
-        finally:
-            os.close(fd)
-        ok = np.zeros(len(items), bool)
-        bad = []
-        with _bar(len(items), "decode", quiet) as bar:
-            for i, (p, _) in enumerate(items):
-                try:
-                    buf[i] = load_image(p, size)
-                    ok[i] = True
-                except Exception as e:               # PIL raises many types
-                    if strict:
-                        raise WriteError(f"{p}: cannot be read as an image "
-                                         f"({type(e).__name__}: {e}); "
-                                         f"remove it or drop --strict") from None
-                    bad.append((p, f"{type(e).__name__}: {e}"))
-                bar.update(1)
+        buf = _scratch(tmpdir, shape, dtype)
+        ok, u8, bad = _decode(items, buf, (lambda p: (load_image(p, size), True)) if rgb
+                              else (lambda p: load_bands(p, size, bands)), strict, quiet, rgb)
         good = np.flatnonzero(ok)
         name_to_idx = {c: i for i, c in enumerate(classes)}
         labels = np.array([name_to_idx[items[i][1]] for i in good], np.int64)
@@ -201,33 +236,24 @@ def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
                 f"class(es) {empty} have no readable images under {root}: the model "
                 f"would get an output no sample trains; remove those folders or map "
                 f"them away with --class-map")
-        # Phase 2: stratified split; each split in a seeded random order so
-        # contiguous worker ranges are class-mixed.
+        scale = None if rgb or u8[good].all() else band_scale(
+            buf[good[i:i + 512]] for i in range(0, len(good), 512))
+        # Phase 2: stratified split, then the shards
         split_id = stratified_assign(labels, ratios, seed)
-        counts = {}
-        w = DatasetWriter(out, classes, (size, size, 3),
+        w = DatasetWriter(out, classes, shape[1:],
                           {n: int((split_id == s).sum())
                            for s, n in enumerate(("train", "val", "test"))},
                           shards, source=f"folder:{os.path.abspath(root)}",
                           generator="ibtmpi prep folder", seed=seed,
                           overwrite=overwrite,
-                          extra={"class_map": cmap, "skipped": len(bad)})
-        rng = np.random.default_rng([seed, 104729])
+                          extra={"class_map": cmap, "skipped": len(bad),
+                                 "bands": bands if rgb or bands == "all" else list(bands),
+                                 "band_scale": scale})
         with w:
-            for s, name in enumerate(("train", "val", "test")):
-                members = np.flatnonzero(split_id == s)
-                members = members[rng.permutation(len(members))]
-                counts[name] = len(members)
-                for c0 in range(0, len(members), 512):
-                    sel = members[c0:c0 + 512]
-                    order = np.argsort(good[sel])          # memmap-friendly
-                    rows = buf[good[sel][order]]
-                    unsorted = np.empty_like(rows)
-                    unsorted[order] = rows
-                    w.write(name, c0, unsorted, labels[sel])
+            _write_splits(w, buf, good, labels, split_id, seed,
+                          None if rgb else (lambda x: to_stored(x, scale)))
             meta = w.close()
     finally:
-        import shutil
         shutil.rmtree(tmpdir, ignore_errors=True)
     return meta, bad, time.perf_counter() - t0
 
@@ -247,6 +273,10 @@ def inspect(path):
              f"{np.round(ds.std, 2).tolist()}",
              f"  source: {ds.meta.get('source')}  generator: "
              f"{ds.meta.get('generator')}  seed: {ds.meta.get('seed')}"]
+    if "bands" in ds.meta:                 # prep folder's; synth sets are RGB
+        lines.insert(4, f"  bands: {ds.meta['bands']}" + (
+            "; each band's range over the data set stored as 0..255 (band_scale in "
+            "dataset.json)" if ds.meta.get("band_scale") else ""))
     width = max(len(c) for c in ds.classes)
     for name, sp in ds.splits.items():
         size = sum(os.path.getsize(f) for f in sp.files)

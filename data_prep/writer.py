@@ -8,7 +8,7 @@ aside and removed only after the new one is in place.
 
 Rows are written by split and position; the train split is cut into
 ``n_shards`` contiguous shards. Per-channel mean/std of the train split
-are accumulated while writing.
+(C values, one per band) are accumulated while writing.
 """
 from __future__ import annotations
 
@@ -223,7 +223,8 @@ class DatasetWriter:
         mean = self._sum / self._npix
         std = np.sqrt(np.maximum(self._sum2 / self._npix - mean ** 2, 1e-12))
         meta = {"format": FORMAT, "version": VERSION, "classes": self.classes,
-                "image_shape": list(self.image_shape), "splits": splits,
+                "image_shape": list(self.image_shape),
+                "channels": self.image_shape[2], "splits": splits,
                 "mean": mean.round(6).tolist(), "std": std.round(6).tolist(),
                 "created": datetime.datetime.now(datetime.timezone.utc)
                 .isoformat(timespec="seconds"),

@@ -191,6 +191,9 @@ class Dataset:
         if "train" not in m["splits"]:
             raise DatasetError(f"{where}: no 'train' split")
         c = shp[2]
+        if m.get("channels", c) != c:
+            raise DatasetError(f"{where}: channels is {m['channels']!r}, image_shape "
+                               f"says {c}")
         if len(m["mean"]) != c or len(m["std"]) != c or min(m["std"]) <= 0:
             raise DatasetError(f"{where}: mean/std must have {c} entries, std > 0")
 

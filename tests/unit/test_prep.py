@@ -202,3 +202,212 @@ def test_folder_order_does_not_depend_on_the_listing(tmp_path, monkeypatch):
     for s in a.splits:
         assert a.split(s).read_all().tobytes() == b.split(s).read_all().tobytes()
         assert np.array_equal(a.split(s).labels, b.split(s).labels)
+
+
+# -- prep folder --bands: multi-band TIFFs ------------------------------------
+
+def write_tiff(path, hwc, planar):
+    """A GeoTIFF-like file of the (H, W, C) array: bands as samples per pixel,
+    stored (H, W, C) (contig) or as GDAL's band-interleaved (C, H, W)."""
+    import tifffile
+    if planar:
+        tifffile.imwrite(path, np.ascontiguousarray(np.moveaxis(hwc, 2, 0)),
+                         photometric="minisblack", planarconfig="separate")
+    else:
+        tifffile.imwrite(path, hwc, photometric="minisblack", planarconfig="contig")
+
+
+def make_band_tree(root, n_bands, dtype, planar, n=6, side=20, seed=0):
+    """2 classes x n images of n_bands; {class: [(H, W, C) source arrays]}."""
+    rng = np.random.default_rng(seed)
+    src = {}
+    for k, cls in enumerate(("crop", "water")):
+        (root / cls).mkdir(parents=True)
+        src[cls] = []
+        for i in range(n):
+            if np.dtype(dtype).kind == "f":
+                a = rng.normal(0.1 + 0.3 * k, 0.05, (side, side, n_bands))
+            else:
+                hi = 255 if dtype == np.uint8 else 9000
+                a = rng.integers(0, hi // 2, (side, side, n_bands)) + k * (hi // 2)
+                if dtype == np.int16:
+                    a -= 3000                       # negative values too
+            a = a.astype(dtype)
+            write_tiff(root / cls / f"{i}.tif", a, planar)
+            src[cls].append(a)
+    return src
+
+
+def stored_oracle(src, dtype):
+    """What --bands all must store for these sources (size = source size):
+    8-bit as read; otherwise each band's min..max over all images onto 0..255."""
+    allpix = np.concatenate([a for v in src.values() for a in v]).astype(np.float64)
+    allpix = allpix.reshape(-1, allpix.shape[-1])
+    if dtype == np.uint8:
+        return {c: [a.copy() for a in v] for c, v in src.items()}, None
+    lo, hi = allpix.min(0), allpix.max(0)
+    scale = (hi - lo) / 255
+    return {c: [np.clip(np.rint((a.astype(np.float64) - lo) / scale), 0, 255).astype(np.uint8)
+                for a in v] for c, v in src.items()}, (lo, scale)
+
+
+def rows_by_class(ds):
+    rows = np.concatenate([ds.split(s).read_all() for s in ds.splits])
+    labels = np.concatenate([ds.split(s).labels for s in ds.splits])
+    return {c: sorted(map(bytes, rows[labels == k])) for k, c in enumerate(ds.classes)}
+
+
+@pytest.mark.parametrize("n_bands,dtype,planar", [(4, np.uint16, False), (4, np.uint16, True),
+                                                  (13, np.float32, True), (13, np.int16, False),
+                                                  (4, np.uint8, True)])
+def test_bands_keep_the_source_pixels(tmp_path, n_bands, dtype, planar):
+    root = tmp_path / "tree"
+    src = make_band_tree(root, n_bands, dtype, planar)
+    want, scale = stored_oracle(src, dtype)
+    out = str(tmp_path / "all")
+    assert prep_main(["folder", str(root), out, "--bands", "all", "--size", "20",
+                      "--split", "0.5,0.25,0.25", "--quiet"]) == 0
+    ds = Dataset(out)
+    assert ds.image_shape == (20, 20, n_bands) and ds.meta["channels"] == n_bands
+    assert ds.meta["bands"] == "all"
+    if scale is None:
+        assert ds.meta["band_scale"] is None
+    else:
+        np.testing.assert_array_equal(ds.meta["band_scale"]["offset"], scale[0])
+        np.testing.assert_allclose(ds.meta["band_scale"]["scale"], scale[1], rtol=1e-15)
+    # every image is its source, band for band, in its class
+    assert rows_by_class(ds) == {c: sorted(map(bytes, v)) for c, v in want.items()}
+    # per-band mean/std over the train split, in stored units
+    tr = ds.split("train").read_all().reshape(-1, n_bands).astype(np.float64)
+    assert len(ds.meta["mean"]) == len(ds.meta["std"]) == n_bands
+    np.testing.assert_allclose(ds.mean, tr.mean(0), atol=1e-5)
+    np.testing.assert_allclose(ds.std, tr.std(0), atol=1e-5)
+    # a selection: those bands in that order, each band scaled as under all
+    sel = str(tmp_path / "sel")
+    assert prep_main(["folder", str(root), sel, "--bands", "4,3,2", "--size", "20",
+                      "--split", "0.5,0.25,0.25", "--quiet"]) == 0
+    ds = Dataset(sel)
+    assert ds.image_shape == (20, 20, 3) and ds.meta["bands"] == [4, 3, 2]
+    assert rows_by_class(ds) == {c: sorted(bytes(np.ascontiguousarray(a[..., [3, 2, 1]]))
+                                           for a in v) for c, v in want.items()}
+
+
+def test_bands_resize_each_band_bilinear(tmp_path):
+    """A size other than the source's: each band as Pillow's float image
+    resized bilinear (reducing_gap 3), then rounded for 8-bit sources."""
+    from PIL import Image
+    root = tmp_path / "tree"
+    src = make_band_tree(root, 5, np.uint8, planar=True, n=4, side=30)
+    out = str(tmp_path / "ds")
+    assert prep_main(["folder", str(root), out, "--bands", "5,1", "--size", "12",
+                      "--split", "0.5,0.25,0.25", "--quiet"]) == 0
+
+    def resized(band):
+        im = Image.fromarray(band.astype(np.float32), "F")
+        return np.asarray(im.resize((12, 12), Image.BILINEAR, reducing_gap=3.0))
+    want = {c: sorted(bytes(np.clip(np.rint(np.stack([resized(a[..., 4]), resized(a[..., 0])],
+                                                     -1)), 0, 255).astype(np.uint8))
+                      for a in v) for c, v in src.items()}
+    assert rows_by_class(Dataset(out)) == want
+
+
+def test_band_axis_rule():
+    from ibtmpi.data_prep.images import band_axis
+    assert band_axis((13, 64, 64), "SYX") == 0 and band_axis((64, 64, 13), "YXS") == 2
+    assert band_axis((8, 8, 13), "YXS") == 2             # samples per pixel win
+    # bands as pages (no S): the first axis when <= 64 and below both others
+    assert band_axis((13, 64, 64), "QYX") == 0
+    assert band_axis((64, 64, 13), "QYX") == 2
+    assert band_axis((20, 24, 13), "") == 2 and band_axis((13, 20, 24), "") == 0
+    assert band_axis((65, 300, 300), "") == 2
+
+
+@pytest.mark.parametrize("planar", [True, False])
+def test_bands_pages_layout(tmp_path, planar):
+    """TIFFs of one band per pixel stacked as pages (no samples axis): the
+    shape rule tells (C, H, W) from (H, W, C)."""
+    import tifffile
+    root = tmp_path / "tree"
+    src = make_band_tree(root, 4, np.uint16, planar=False, n=3)
+    for cls, arrs in src.items():
+        for i, a in enumerate(arrs):
+            arr = np.ascontiguousarray(np.moveaxis(a, 2, 0)) if planar else a
+            tifffile.imwrite(root / cls / f"{i}.tif", arr, photometric="minisblack")
+            with tifffile.TiffFile(root / cls / f"{i}.tif") as t:
+                assert "S" not in t.series[0].axes
+    want, _ = stored_oracle(src, np.uint16)
+    out = str(tmp_path / "ds")
+    assert prep_main(["folder", str(root), out, "--bands", "all", "--size", "20",
+                      "--split", "0.34,0.33,0.33", "--quiet"]) == 0
+    assert rows_by_class(Dataset(out)) == {c: sorted(map(bytes, v)) for c, v in want.items()}
+
+
+def one_line_error(capsys, rc, *needles):
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_bands_refused_with_one_line(tmp_path, capsys):
+    root = tmp_path / "tree"
+    make_band_tree(root, 4, np.uint16, planar=False)
+    write_tiff(root / "water" / "x13.tif", np.zeros((20, 20, 13), np.uint16), planar=True)
+    # mixed counts under all: names a file and both counts
+    rc = prep_main(["folder", str(root), str(tmp_path / "a"), "--bands", "all", "--quiet"])
+    one_line_error(capsys, rc, "x13.tif has 13 band(s)", "0.tif has 4", "--bands all")
+    # a band beyond an image's count names that file
+    (root / "water" / "x13.tif").unlink()
+    rc = prep_main(["folder", str(root), str(tmp_path / "b"), "--bands", "2,5", "--quiet"])
+    one_line_error(capsys, rc, "crop/0.tif has 4 band(s)", "band 5")
+    for bad in ("0,1", "red", "1,,2", ""):
+        rc = prep_main(["folder", str(root), str(tmp_path / "c"), "--bands", bad, "--quiet"])
+        one_line_error(capsys, rc, "--bands expects rgb, all or")
+    # RGB images (Pillow) have 3 bands
+    rgb = tmp_path / "rgb"
+    make_tree(rgb)
+    rc = prep_main(["folder", str(rgb), str(tmp_path / "d"), "--bands", "1,4", "--quiet"])
+    one_line_error(capsys, rc, "has 3 band(s)", "band 4")
+    assert not [p for p in os.listdir(tmp_path) if p in "abcd" or "partial" in p]
+
+
+def test_bands_without_tifffile_says_what_to_install(tmp_path, capsys, monkeypatch):
+    import sys
+    root = tmp_path / "tree"
+    make_band_tree(root, 4, np.uint16, planar=False, n=2)
+    monkeypatch.setitem(sys.modules, "tifffile", None)       # import fails
+    rc = prep_main(["folder", str(root), str(tmp_path / "ds"), "--bands", "all", "--quiet"])
+    one_line_error(capsys, rc, "pip install tifffile")
+
+
+def test_bands_of_rgb_images(tmp_path, capsys):
+    """--bands rgb is the default, byte for byte; a numeric list picks RGB
+    channels of Pillow's images (grey, RGBA and JPEG converted as usual)."""
+    root = tmp_path / "tree"
+    make_tree(root)
+    outs = {}
+    for name, flag in (("plain", []), ("rgb", ["--bands", "rgb"]), ("bgr", ["--bands", "3,2,1"]),
+                       ("g", ["--bands", "2"])):
+        outs[name] = tmp_path / name
+        assert prep_main(["folder", str(root), str(outs[name]), "--size", "12", "--shards", "2",
+                          "--quiet"] + flag) == 0
+    capsys.readouterr()
+    names = sorted(os.listdir(outs["plain"]))
+    assert names == sorted(os.listdir(outs["rgb"]))
+    for f in names:
+        if f.endswith(".h5"):
+            assert (outs["plain"] / f).read_bytes() == (outs["rgb"] / f).read_bytes(), f
+    meta = [json.load(open(outs[n] / "dataset.json")) for n in ("plain", "rgb")]
+    for m in meta:
+        del m["created"]
+    assert meta[0] == meta[1] and meta[0]["bands"] == "rgb" and meta[0]["channels"] == 3
+    plain = Dataset(str(outs["plain"]))
+    for name, idx in (("bgr", [2, 1, 0]), ("g", [1])):
+        d = Dataset(str(outs[name]))
+        assert d.image_shape == (12, 12, len(idx))
+        for s in plain.splits:
+            assert np.array_equal(d.split(s).read_all(), plain.split(s).read_all()[..., idx])
+        np.testing.assert_allclose(d.mean, plain.mean[idx], atol=1e-6)
+

@@ -121,7 +121,8 @@ def _add_evaluate(sub):
 def _add_predict(sub):
     p = sub.add_parser("predict", help="class and probabilities for image files",
                        description="Predict image files or folders with exactly the "
-                       "training preprocessing (RGB, resize, normalisation).")
+                       "training preprocessing (RGB or the data set's --bands, "
+                       "resize, normalisation).")
     p.add_argument("model")
     p.add_argument("images", nargs="+")
     p.add_argument("--format", choices=("csv", "json"), default="csv")
@@ -326,12 +327,13 @@ def cmd_predict(args):
     import json
     import os
     import numpy as np
-    from .data_prep.prep import IMAGE_EXT, load_image
+    from .data_prep.images import IMAGE_EXT, check_preprocess, load_stored
     from .outputs import TrainedModelError, load_trained
     try:
         tm = load_trained(args.model)
-    except TrainedModelError as e:
-        raise UsageError(str(e)) from None
+        pre = check_preprocess(tm.preprocess, tm.image_shape[2])
+    except (TrainedModelError, ValueError) as e:
+        raise UsageError(f"{args.model}: {e}" if isinstance(e, ValueError) else str(e)) from None
     files = []
     for p in args.images:
         if os.path.isdir(p):
@@ -346,7 +348,7 @@ def cmd_predict(args):
     imgs, ok, errors = [], [], []
     for f in files:
         try:
-            imgs.append(load_image(f, h))
+            imgs.append(load_stored(f, h, c, pre))
             ok.append(f)
         except Exception as e:                   # unreadable: report, go on
             errors.append((f, f"{type(e).__name__}: {e}"))
@@ -388,7 +390,8 @@ def cmd_export(args):
     except (TrainedModelError, RuntimeError) as e:
         raise UsageError(str(e)) from None
     print(f"wrote {args.onnx}: {len(model.graph.node)} nodes; input 'image' float32 "
-          f"(N, {', '.join(map(str, tm.model.input_shape))}) RGB 0..255 (normalisation "
+          f"(N, {', '.join(map(str, tm.model.input_shape))}) "
+          f"{'RGB' if tm.image_shape[2] == 3 else 'stored band values'} 0..255 (normalisation "
           f"folded in); outputs 'logits', 'probs' over {', '.join(tm.classes)}")
     return 0
 

@@ -1,7 +1,7 @@
 """ONNX export of a trained model (needs the 'onnx' extra).
 
-Graph: input ``image`` float32 (N, C, H, W), RAW pixel values 0..255, RGB,
-NCHW; the training normalisation is folded in as Sub(mean) and Div(std);
+Graph: input ``image`` float32 (N, C, H, W), RAW pixel values 0..255 as
+stored (RGB, or the data set's bands in prep's uint8 units), NCHW; the training normalisation is folded in as Sub(mean) and Div(std);
 then each layer's own node(s) in the model's layer order (``Layer.onnx``
 in ibtmpi/layers/: Conv, MaxPool, Relu, Flatten, Gemm; dropout is the
 identity at inference); outputs ``logits`` (N, K) and ``probs`` =
@@ -51,8 +51,9 @@ def build(trained):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                               producer_name="ibtmpi", ir_version=IR_VERSION)
     model.metadata_props.add(key="classes", value=",".join(trained.classes))
-    model.metadata_props.add(key="input", value="float32 NCHW RGB pixel values 0..255; "
-                             "normalisation folded in")
+    model.metadata_props.add(key="input", value=(
+        "float32 NCHW " + ("RGB" if c == 3 else f"{c}-band") + " pixel values 0..255 "
+        "as stored; normalisation folded in"))
     onnx.checker.check_model(model)
     return model
 

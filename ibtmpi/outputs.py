@@ -5,7 +5,9 @@ split, predict image files, plot a run's metrics.
 file, or a checkpoint directory (z from its rank-00000.npz; layers from the
 run's config.toml; classes and normalisation from the dataset). Files are
 read without pickle and every array's shape is checked before it is
-trusted. Errors are TrainedModelError with the file and what to do.
+trusted. A model keeps its data set's band preprocessing (``bands``,
+``band_scale`` of ``prep folder --bands``) so predict reads files the same
+way; models and data sets from before it are RGB. Errors are TrainedModelError with the file and what to do.
 Tests: tests/unit/test_outputs.py.
 """
 from __future__ import annotations
@@ -38,10 +40,16 @@ def pyplot():
     return plt
 
 
+def preprocess_of(meta):
+    """{bands, band_scale} of a data set's dataset.json (RGB when absent)."""
+    return {"bands": meta.get("bands", "rgb"), "band_scale": meta.get("band_scale")}
+
+
 class Trained:
     def __init__(self, z, layers, input_shape, classes, mean, std, source, ops=None,
-                 buffers=None):
+                 buffers=None, preprocess=None):
         self.classes = list(classes)
+        self.preprocess = preprocess or {"bands": "rgb", "band_scale": None}
         self.mean = np.asarray(mean, np.float64)
         self.std = np.asarray(std, np.float64)
         self.source = source
@@ -71,7 +79,8 @@ class Trained:
         return Trained(np.asarray(host(self.model.params)), self.layers,
                        self.model.input_shape, self.classes, self.mean, self.std,
                        self.source, ops=ops,
-                       buffers=np.asarray(host(self.model.buffers), np.float32))
+                       buffers=np.asarray(host(self.model.buffers), np.float32),
+                       preprocess=self.preprocess)
 
     @property
     def image_shape(self):                      # (H, W, C)
@@ -132,15 +141,23 @@ def _model_npz(path):
     nb = sum(int(np.prod(s)) for layer in built for s in layer.buffer_shapes())
     z = _npz(path, {"z": ((size,), np.float32)})["z"]
     buffers = _npz(path, {"buffers": ((nb,), np.float32)})["buffers"] if nb else None
+    pre = None
+    if "preprocess.npy" in names:            # absent in models from before bands
+        try:
+            pre = json.loads(str(_npz(path, {"preprocess": ((), "text")})["preprocess"]))
+        except ValueError as e:
+            raise TrainedModelError(f"{path}: malformed model file ({e})") from None
+        if not isinstance(pre, dict):
+            raise TrainedModelError(f"{path}: malformed model file (preprocess {pre!r})")
     return Trained(z, layers, shape, classes, norm["mean"], norm["std"], path,
-                   buffers=buffers)
+                   buffers=buffers, preprocess=pre)
 
 
 def save_model(path, z, model, ds, cfg, buffers=None):
     """The trained model, self-contained and pickle-free: parameters, the
     buffers (BatchNorm's running statistics; only where the layers have
-    any), layer spec, input shape, classes and the normalisation it was
-    trained with."""
+    any), layer spec, input shape, classes, the normalisation it was
+    trained with and how files become its input (bands, band_scale)."""
     tmp = path + f".tmp-{os.getpid()}"
     more = {}
     if model.n_buffers:
@@ -152,7 +169,8 @@ def save_model(path, z, model, ds, cfg, buffers=None):
                  classes=np.array(json.dumps(ds.classes)),
                  layers=np.array(json.dumps(cfg["model"]["layers"])),
                  mean=np.asarray(ds.mean, np.float64), std=np.asarray(ds.std, np.float64),
-                 algorithm=np.array(cfg["algorithm"]["name"]))
+                 algorithm=np.array(cfg["algorithm"]["name"]),
+                 preprocess=np.array(json.dumps(preprocess_of(ds.meta))))
     os.replace(tmp, path)
 
 
@@ -215,7 +233,7 @@ def _from_checkpoint(d):
         spec["zbuf"] = ((probe.n_buffers,), np.float32)
     arrs = _npz(os.path.join(d, "rank-00000.npz"), spec)
     return Trained(arrs[name], cfg["model"]["layers"], (c, h, w), ds.classes, ds.mean,
-                   ds.std, d, buffers=arrs.get("zbuf"))
+                   ds.std, d, buffers=arrs.get("zbuf"), preprocess=preprocess_of(ds.meta))
 
 
 # -- evaluation ---------------------------------------------------------------

@@ -256,3 +256,13 @@ def test_export_without_onnx_says_what_to_install(run_dir, tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert "pip install 'ibtmpi[onnx]'" in err and "Traceback" not in err
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_model_keeps_its_band_preprocessing(run_dir, tmp_path):
+    """model.npz records how files become its input; a model from before
+    that record (no 'preprocess') reads files as RGB."""
+    z = dict(np.load(os.path.join(run_dir, "model.npz")))
+    assert json.loads(str(z.pop("preprocess"))) == {"bands": "rgb", "band_scale": None}
+    np.savez(tmp_path / "old.npz", **z)
+    assert load_trained(str(tmp_path / "old.npz")).preprocess == {"bands": "rgb",
+                                                                  "band_scale": None}

@@ -411,3 +411,33 @@ def test_bands_of_rgb_images(tmp_path, capsys):
             assert np.array_equal(d.split(s).read_all(), plain.split(s).read_all()[..., idx])
         np.testing.assert_allclose(d.mean, plain.mean[idx], atol=1e-6)
 
+
+def test_bands_train_evaluate_predict(tmp_path, capsys):
+    """A 4-band uint16 set through the CLI: the model's input has 4
+    channels, evaluate runs, and predict reads the source TIFFs into the
+    stored values (band_scale) the model was trained on."""
+    from ibtmpi.cli import main
+    from ibtmpi.outputs import load_trained
+    from conftest import train_args
+    root = tmp_path / "tree"
+    src = make_band_tree(root, 4, np.uint16, planar=True, n=24, side=16)
+    data = str(tmp_path / "ms4")
+    assert prep_main(["folder", str(root), data, "--bands", "all", "--size", "16",
+                      "--quiet"]) == 0
+    run = str(tmp_path / "run")
+    assert main(["train"] + train_args(data, run, 1, **{"data.split_size": 8,
+                                                       "data.batch": 4})) == 0
+    tm = load_trained(run)
+    assert tm.model.input_shape == (4, 16, 16) and tm.preprocess["bands"] == "all"
+    np.testing.assert_allclose(tm.mean, Dataset(data).mean)
+    capsys.readouterr()
+    assert main(["evaluate", run]) == 0
+    assert capsys.readouterr().out.startswith("accuracy")
+    out = tmp_path / "p.json"
+    files = [str(root / "water" / "0.tif"), str(root / "crop" / "1.tif")]
+    assert main(["predict", run, *files, "--format", "json", "--out", str(out)]) == 0
+    want, _ = stored_oracle(src, np.uint16)
+    ref = tm.probs(np.stack([want["water"][0], want["crop"][1]]))
+    got = json.load(open(out))["predictions"]
+    for r, p in zip(got, ref):
+        np.testing.assert_allclose([r["p_crop"], r["p_water"]], p, atol=1e-6)

@@ -110,7 +110,7 @@ def test_other_image_size_or_class_order_is_refused(small_dataset, tmp_path):
 
     class Rev:
         classes = list(reversed(ds.classes))
-        mean, std = ds.mean, ds.std
+        mean, std, meta = ds.mean, ds.std, ds.meta
     rev = str(tmp_path / "rev.npz")
     save_model(rev, m.params.copy(), m, Rev, {"model": {"layers": "tiny"},
                                               "algorithm": {"name": "sgd"}})

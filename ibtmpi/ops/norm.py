@@ -86,10 +86,9 @@ def batchnorm_moments(rmean, rvar):
 
 def batchnorm_from_moments(s_mean, s_sq, n):
     """The statistics every rank sets from the workers' summed moments:
-    mean = avg(mean_i), var = avg(var_i + mean_i^2) - mean^2 (>= 0); one
-    worker keeps its own statistics exactly."""
-    if n == 1:
-        return s_mean.copy(), s_sq.copy()
+    mean = avg(mean_i), var = avg(var_i + mean_i^2) - mean^2 (>= 0). With
+    one worker that is its own mean, and its variance to float32 rounding
+    of mean^2 (the same arithmetic for every n keeps one code path)."""
     inv = np.float32(1.0 / n)
     mean = s_mean * inv
     var = np.maximum(s_sq * inv - mean * mean, np.float32(0))

@@ -486,6 +486,20 @@ class GpuOps:
                      np.int64(w.size), np.float32(lr), np.float32(mu), np.float32(wd),
                      np.float32(rho), np.int32(bool(nesterov)), np.int32(bool(has_prox)))
 
+    def adam_update(self, w, g, m, v, c, u, lr, b1, b2, eps, wd, rho, bc1, bc2, decoupled,
+                    has_prox):
+        """One Adam/AdamW step (optim/adam.py adam_update): the scalars are
+        formed here in float64 (adam_scalars), the launch is one pass."""
+        from .optim.adam import adam_scalars
+        omb1, omb2, step, bc2s, decay = adam_scalars(lr, b1, b2, wd, bc1, bc2)
+        dummy = w if not has_prox else None
+        f = np.float32
+        self._launch("optim.cu", "adam_update", w.size, w, g, m, v,
+                     c if has_prox else dummy, u if has_prox else dummy,
+                     np.int64(w.size), f(b1), f(omb1), f(b2), f(omb2), f(step), f(bc2s),
+                     f(eps), f(wd), f(decay), f(rho), np.int32(bool(decoupled)),
+                     np.int32(bool(has_prox)))
+
     def pool_bytes(self):
         """Bytes CuPy's default memory pool holds on this device (in use or
         cached for reuse): the process's high-water mark of device arrays."""

@@ -59,12 +59,14 @@ DEFAULTS = {
         "warmup_steps": 0,       # ssgd steps (gradient Allreduce) before block 0
     },
     "optim": {
-        "name": "sgd",           # the local optimizer (ibtmpi/optim/: sgd)
+        "name": "sgd",           # the local optimizer (ibtmpi/optim/: sgd, adam, adamw)
         "lr": 0.02,
-        "momentum": 0.9,
-        "weight_decay": 5e-4,
-        "nesterov": False,
-        "reset_momentum": True,  # zero the local momentum after every sync
+        "momentum": 0.9,         # sgd
+        "weight_decay": 5e-4,    # sgd, adam: L2 in the gradient; adamw: decoupled
+        "nesterov": False,       # sgd
+        "reset_momentum": True,  # zero the local optimizer state after every sync
+        "betas": [0.9, 0.999],   # adam, adamw: the moments' decay rates
+        "eps": 1e-8,             # adam, adamw: added to the denominator
         "schedule": "constant",  # constant | step | cosine: lr per block (ssgd: per step)
         "milestones": [],        # step: passes at which lr is multiplied by gamma
         "gamma": 0.1,            # step: the factor
@@ -159,6 +161,12 @@ def _coerce(section, key, value):
             return value if value == "auto" else float(value)
         raise ConfigError(f"{where} must be 'auto', 0 (off) or a number of seconds > 0, "
                           f"got {value!r}")
+    if key == "betas":
+        if (isinstance(value, list) and len(value) == 2
+                and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                        and math.isfinite(b) for b in value)):
+            return [float(b) for b in value]
+        raise ConfigError(f"{where} must be two numbers [beta1, beta2], got {value!r}")
     if key == "time_limit":
         if isinstance(value, datetime.time):          # TOML read 01:30:00 as a time
             value = value.isoformat()
@@ -288,6 +296,9 @@ def validate(cfg):
         (o["lr"] > 0, f"optim.lr must be > 0, got {o['lr']}"),
         (0 <= o["momentum"] < 1, "optim.momentum must be in [0, 1)"),
         (o["weight_decay"] >= 0, "optim.weight_decay must be >= 0"),
+        (all(0 <= b < 1 for b in o["betas"]),
+         f"optim.betas must both be in [0, 1), got {o['betas']!r}"),
+        (o["eps"] > 0, f"optim.eps must be > 0, got {o['eps']!r}"),
         (o["schedule"] in SCHEDULES,
          f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {o['schedule']!r}"
          + _suggest(o["schedule"], SCHEDULES)),
@@ -351,7 +362,8 @@ def digest(cfg):
 # -- what a checkpoint must match -------------------------------------------------
 LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
            "warmup_passes")
-ADDED_KEYS = {"optim": LR_KEYS + ("name",)}   # left out of the digest at their defaults
+ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps")}  # left out of the digest
+                                                             # at their defaults
 
 
 # Keys a resume may change (after a divergence, or to tune a long run): they
@@ -359,7 +371,8 @@ ADDED_KEYS = {"optim": LR_KEYS + ("name",)}   # left out of the digest at their 
 # saved state, so the checkpoint still fits. Each change is logged, written to
 # the resumed block's metrics line and kept in the manifests that follow.
 RESUME_TUNABLE = {
-    "optim": ("lr", "momentum", "weight_decay", "nesterov", "reset_momentum") + LR_KEYS,
+    "optim": ("lr", "momentum", "weight_decay", "nesterov", "reset_momentum", "betas",
+              "eps") + LR_KEYS,
     "algorithm": ("rho", "l2", "adaptive_rho", "rho_mu", "rho_tau", "over_relaxation",
                   "dual_reset", "block_momentum", "block_lr", "nesterov", "easgd_beta"),
 }

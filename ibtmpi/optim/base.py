@@ -6,7 +6,9 @@ v; Adam: moments and a step count) and is the only code that names them:
 ``state_spec()`` gives {name: (shape, dtype)}, ``state()`` the live
 buffers, ``load(state)`` copies values in (host or device arrays),
 ``reset()`` zeroes them (after a consensus sync, where the optimizer's
-``reset_on_sync`` says so). Checkpoints, the trainer and the simulated
+``reset_on_sync`` says so). A buffer may live on the host while the others are on the
+device (Adam's step count): ``load`` copies each value to where its
+buffer is. Checkpoints, the trainer and the simulated
 workers' swaps go through these four and nothing else. ``lr`` and
 ``extra_grad`` are set by the trainer: the learning rate of the block
 (lr.py's LrSchedule) and the algorithm's term added to g before the
@@ -66,7 +68,8 @@ class Optimizer(metaclass=abc.ABCMeta):
         for k, buf in self.state().items():
             src = state[k]
             if self.ops is not None:
-                src = self.ops.asarray(src)
+                src = (self.ops.asarray(src) if self.ops.on_device(buf)
+                       else self.ops.asnumpy(src))
             buf[...] = src
 
     def reset(self):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ibtmpi import backend, consensus, ops
-from ibtmpi.optim import sgd_update
+from ibtmpi.optim import adam_update, sgd_update
 
 OK, WHY = backend.gpu_status()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no GPU: {WHY}")]
@@ -124,6 +124,17 @@ def test_vector_updates(g):
         sgd_update(rw, gr, rv, c, u0, 0.05, 0.9, 1e-3, 0.2, nest, prox)
         close(w, rw, g)
         close(v, rv, g)
+    m0 = RNG.standard_normal(P).astype(np.float32)
+    a0 = RNG.random(P).astype(np.float32)
+    for dec, prox in ((0, 0), (1, 1), (0, 1)):
+        args = (2e-3, 0.9, 0.999, 1e-8, 0.01, 0.2, 1 - 0.9 ** 3, 1 - 0.999 ** 3, dec, prox)
+        w, m, a = g.asarray(w0), g.asarray(m0), g.asarray(a0)
+        g.adam_update(w, g.asarray(gr), m, a, g.asarray(c), g.asarray(u0), *args)
+        rw, rm, ra = w0.copy(), m0.copy(), a0.copy()
+        adam_update(rw, gr, rm, ra, c, u0, *args)
+        close(w, rw, g)
+        close(m, rm, g)
+        close(a, ra, g)
 
 
 @pytest.mark.parametrize("algo,acfg", [

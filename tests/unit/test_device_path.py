@@ -10,7 +10,7 @@ from ibtmpi.config import load
 from ibtmpi.train import Trainer
 
 
-def device_vs_host(data, tmp_path, algo, ops, tol, layers="tiny"):
+def device_vs_host(data, tmp_path, algo, ops, tol, layers="tiny", extra=()):
     """Half a pass of `algo` with 2 simulated workers on `ops` and on the
     NumPy backend: z must agree to `tol` (also run on a real GPU by
     tests/gpu/test_gpu_trainer.py)."""
@@ -18,7 +18,7 @@ def device_vs_host(data, tmp_path, algo, ops, tol, layers="tiny"):
         return load(None, [f"data.path={data}", f"algorithm.name={algo}",
                            "data.split_size=40", "data.batch=16", f"model.layers={layers}",
                            "run.passes=0.5", "run.quiet=true", f"run.dir={d}",
-                           "run.simulate=2", "run.threads=1"])
+                           "run.simulate=2", "run.threads=1", *extra])
     host = Trainer(cfg(tmp_path / "h"), log=lambda m: None)
     host.run()
     dev = Trainer(cfg(tmp_path / "d"), log=lambda m: None, device_ops=ops)
@@ -47,6 +47,14 @@ def test_device_path_of_resnet8_matches_host_backend(small_dataset, tmp_path, al
     batch of 8)."""
     device_vs_host(small_dataset, tmp_path, algo, GpuOps(cp=FakeCupy()),
                    1e-4 if algo == "ibt" else 2e-3, "resnet8")
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_device_path_with_adam_matches_host_backend(small_dataset, tmp_path, name):
+    """Adam/AdamW on the device path: m and v on the device, the step count
+    on the host, swapped between the two simulated workers each block."""
+    device_vs_host(small_dataset, tmp_path, "ibt", GpuOps(cp=FakeCupy()), 1e-4,
+                   extra=[f"optim.name={name}", "optim.lr=3e-3", "optim.weight_decay=0.01"])
 
 
 def test_block_steps_never_read_the_loss_back_per_step(small_dataset, tmp_path):

@@ -22,11 +22,14 @@ def documented():
         if sec and line.startswith("| `"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             keys = re.findall(r"`(\w+)`", cells[0])
-            defaults = [d.strip().strip("`").strip('"') for d in cells[1].split(",")]
+            # commas inside a list default ([0.9, 0.999]) do not separate keys
+            defaults = [d.strip().strip("`").strip('"')
+                        for d in re.split(r",(?![^\[]*\])", cells[1])]
             if len(defaults) != len(keys):
                 defaults = [cells[1]] * len(keys)
             for k, d in zip(keys, defaults):
-                out[(sec, k)] = d.split()[0] if d and not d.startswith("(") else d
+                out[(sec, k)] = (d if d.startswith(("(", "[")) or not d
+                                 else d.split()[0])
     return out
 
 

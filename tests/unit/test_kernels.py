@@ -12,7 +12,8 @@ import pytest
 from ibtmpi import kernelcheck as kc
 from ibtmpi import ops
 from ibtmpi.kernels import sources
-from ibtmpi.optim import SGD, sgd_update
+from ibtmpi.optim import SGD, Adam, AdamW, Prox, adam_update, sgd_update
+from ibtmpi.optim.adam import adam_scalars
 
 RNG = np.random.default_rng(99)
 CU = {os.path.basename(p): p for p in sources()}
@@ -353,3 +354,35 @@ def test_add_relu_kernel(mods, grid):
     assert y.tobytes() == ops.add_relu_forward(a, b, np.empty(101, np.float32)).tobytes()
     mods["activation"].add_relu_fwd(*grid, a, b, a, 101)       # in place
     assert a.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("decoupled,prox", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_adam_update_kernel_matches_reference_and_adam_class(mods, grid, decoupled, prox):
+    """Three steps of the kernel against the NumPy twin (bitwise: the host
+    build does not contract into FMA) and the twin's first step against the
+    Adam/AdamW class with the prox hook."""
+    P = 77
+    w0, c, u = (RNG.standard_normal(P).astype(np.float32) for _ in range(3))
+    grads = [RNG.standard_normal(P).astype(np.float32) for _ in range(3)]
+    lr, b1, b2, eps, wd, rho = 1e-2, 0.9, 0.999, 1e-8, 0.05, 0.3
+    w, m, v = w0.copy(), np.zeros(P, np.float32), np.zeros(P, np.float32)
+    rw, rm, rv = w.copy(), m.copy(), v.copy()
+    for t, g in enumerate(grads, start=1):
+        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+        omb1, omb2, step, bc2s, decay = adam_scalars(lr, b1, b2, wd, bc1, bc2)
+        mods["optim"].adam_update(*grid, w, g, m, v, c, u, P, b1, omb1, b2, omb2, step,
+                                  bc2s, eps, wd, decay, rho, decoupled, prox)
+        adam_update(rw, g, rm, rv, c, u, lr, b1, b2, eps, wd, rho, bc1, bc2,
+                    decoupled, prox)
+        assert w.tobytes() == rw.tobytes()
+        assert m.tobytes() == rm.tobytes() and v.tobytes() == rv.tobytes()
+    assert not np.array_equal(w, w0) and m.any() and v.all()
+    cw = w0.copy()
+    opt = (AdamW if decoupled else Adam)(cw, lr, (b1, b2), eps, wd, extra_grad=(
+        Prox(c, u, np.float32(rho)) if prox else None))
+    opt.step(grads[0].copy())
+    one = w0.copy()
+    adam_update(one, grads[0], np.zeros(P, np.float32), np.zeros(P, np.float32), c, u,
+                lr, b1, b2, eps, wd, rho, 1 - b1, 1 - b2, decoupled, prox)
+    assert cw.tobytes() == one.tobytes()

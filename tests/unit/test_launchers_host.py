@@ -10,7 +10,7 @@ from fakecupy import FakeCupy
 
 from ibtmpi import ops
 from ibtmpi.backend import GpuOps
-from ibtmpi.optim import sgd_update
+from ibtmpi.optim import Adam, AdamW, Prox, adam_update, sgd_update
 
 RNG = np.random.default_rng(17)
 
@@ -321,3 +321,65 @@ def test_a_resnet8_step_on_the_device_matches_the_numpy_engine(g):
     lh = host.forward(x, train=False)
     ld = g.asnumpy(dev.forward(g.asarray(x), train=False))
     np.testing.assert_allclose(ld, lh, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("decoupled,prox", [(0, 0), (1, 1), (0, 1)])
+def test_adam_launcher(g, decoupled, prox):
+    """GpuOps.adam_update (scalars formed on the host, every one of the
+    kernel's width) against the NumPy twin, bitwise on the stand-in."""
+    D = g.asarray
+    P = 300
+    w0, gr, m0, c, u = (RNG.standard_normal(P).astype(np.float32) for _ in range(5))
+    v0 = RNG.random(P).astype(np.float32)
+    w, m, v = D(w0), D(m0), D(v0)
+    args = (2e-3, 0.9, 0.999, 1e-8, 0.01, 0.2, 1 - 0.9 ** 4, 1 - 0.999 ** 4, decoupled,
+            prox)
+    g.adam_update(w, D(gr), m, v, D(c) if prox else None, D(u) if prox else None, *args)
+    rw, rm, rv = w0.copy(), m0.copy(), v0.copy()
+    adam_update(rw, gr, rm, rv, c, u, *args)
+    for dev, host in ((w, rw), (m, rm), (v, rv)):
+        assert g.asnumpy(dev).tobytes() == host.tobytes()
+    assert not np.array_equal(rw, w0)
+
+
+@pytest.mark.parametrize("cls", [Adam, AdamW])
+def test_device_adam_is_one_launch_a_step_equal_to_the_host_class(g, cls):
+    """The Adam class with GpuOps on the stand-in: one adam_update launch per
+    step with a Prox (no CuPy elementwise kernels), the same w, m, v as the
+    NumPy class; the step count stays on the host. Another extra term takes
+    the array path, still equal to the host class."""
+    import fakecupy
+    P = 500
+    w0, c, u = (RNG.standard_normal(P).astype(np.float32) for _ in range(3))
+    grads = [RNG.standard_normal(P).astype(np.float32) for _ in range(4)]
+    D = g.asarray
+    wh, wd_ = w0.copy(), D(w0)
+    host = cls(wh, 1e-2, (0.9, 0.99), 1e-8, 0.02, extra_grad=Prox(c, u, np.float32(0.3)))
+    dev = cls(wd_, 1e-2, (0.9, 0.99), 1e-8, 0.02,
+              extra_grad=Prox(D(c), D(u), np.float32(0.3)), ops=g)
+    fakecupy.LAUNCHES.clear()
+    for gr in grads:
+        host.step(gr.copy())
+        dev.step(D(gr))
+    assert dict(fakecupy.LAUNCHES) == {"adam_update": len(grads)}
+    assert g.on_device(dev.m) and g.on_device(dev.v) and not g.on_device(dev.t)
+    assert dev.t.tolist() == host.t.tolist() == [len(grads)]
+    for k in ("m", "v"):
+        np.testing.assert_allclose(g.asnumpy(dev.state()[k]), host.state()[k],
+                                   rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(g.asnumpy(wd_), wh, rtol=1e-6, atol=1e-7)
+    # a callable extra term: the array ops on the device arrays
+    dev.extra_grad = host.extra_grad = lambda w_, g_: g_.__iadd__(w_.dtype.type(0.5))
+    fakecupy.LAUNCHES.clear()
+    host.step(grads[0].copy())
+    dev.step(D(grads[0]))
+    assert "adam_update" not in fakecupy.LAUNCHES
+    np.testing.assert_allclose(g.asnumpy(wd_), wh, rtol=1e-6, atol=1e-7)
+    # state through load(): device buffers from host arrays, t to the host
+    saved = {k: g.asnumpy(v) if g.on_device(v) else v.copy()
+             for k, v in dev.state().items()}
+    fresh = cls(D(w0), 1e-2, ops=g)
+    fresh.load(saved)
+    assert g.on_device(fresh.m) and not g.on_device(fresh.t)
+    assert fresh.t.tolist() == [len(grads) + 1]
+    assert g.asnumpy(fresh.v).tobytes() == saved["v"].tobytes()

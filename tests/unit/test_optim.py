@@ -1,8 +1,12 @@
-"""SGD against a hand-unrolled recurrence."""
+"""SGD against a hand-unrolled recurrence; Adam/AdamW against the written
+update in float64, their state and resume."""
+import copy
+
 import numpy as np
 import pytest
 
-from ibtmpi.optim import SGD
+from ibtmpi.config import ConfigError, load, run_hash
+from ibtmpi.optim import SGD, Adam, AdamW, Prox, adam_update, make
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
@@ -92,3 +96,187 @@ def test_device_step_with_another_extra_term_takes_the_general_path():
     opt.step(ops.cp.zeros(4, np.float32))
     assert ops.calls == []
     np.testing.assert_array_equal(ops.asnumpy(w), 0.5)
+
+
+# -- Adam / AdamW ------------------------------------------------------------
+
+def _adam_by_hand(w0, grads, lr, b1, b2, eps, wd, decoupled, prox=None):
+    """The update as Kingma & Ba write it (bias-corrected m_hat, v_hat), with
+    L2 (Adam) or decoupled (AdamW, Loshchilov & Hutter) weight decay, in
+    float64; prox = (c, u, rho) adds rho*(w - c + u) to the gradient."""
+    w, m, v = w0.astype(np.float64), 0.0, 0.0
+    for t, g in enumerate(grads, start=1):
+        gg = g + (0.0 if decoupled else wd * w)
+        if prox is not None:
+            c, u, rho = prox
+            gg = gg + rho * (w - c + u)
+        if decoupled:
+            w = w - lr * wd * w
+        m = b1 * m + (1 - b1) * gg
+        v = b2 * v + (1 - b2) * gg * gg
+        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        w = w - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return w, m, v
+
+
+@pytest.mark.parametrize("cls", [Adam, AdamW])
+@pytest.mark.parametrize("wd", [0.0, 0.05])
+@pytest.mark.parametrize("prox", [False, True])
+def test_adam_matches_the_written_update_in_float64(cls, wd, prox):
+    rng = np.random.default_rng(1)
+    P = 7
+    w0, c, u = (rng.standard_normal(P) for _ in range(3))
+    grads = [rng.standard_normal(P) * 10.0 ** -k for k in range(5)]   # shrinking
+    lr, b1, b2, eps, rho = 0.01, 0.8, 0.95, 1e-6, 0.3
+    w = w0.copy()
+    opt = cls(w, lr, (b1, b2), eps, wd, extra_grad=Prox(c, u, rho) if prox else None)
+    for g in grads:
+        opt.step(g.copy())
+    ww, m, v = _adam_by_hand(w0, grads, lr, b1, b2, eps, wd, cls is AdamW,
+                             (c, u, rho) if prox else None)
+    np.testing.assert_allclose(w, ww, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(opt.m, m, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(opt.v, v, rtol=1e-12, atol=1e-18)
+    assert opt.t.tolist() == [5] and opt.steps == 5
+    # float32 follows the same update to float32 precision
+    w32 = w0.astype(np.float32)
+    o32 = cls(w32, lr, (b1, b2), eps, wd, extra_grad=Prox(
+        c.astype(np.float32), u.astype(np.float32), np.float32(rho)) if prox else None)
+    for g in grads:
+        o32.step(g.astype(np.float32))
+    assert w32.dtype == o32.m.dtype == o32.v.dtype == np.float32
+    np.testing.assert_allclose(w32, ww, rtol=1e-5, atol=1e-6)
+
+
+def test_adamw_decay_is_decoupled_and_adam_decay_is_not():
+    """With a zero gradient AdamW shrinks w by exactly 1 - lr*wd (the moments
+    stay zero: no step beyond the decay); Adam's L2 term goes through the
+    moments instead, a step of about lr*sign(w)."""
+    w = np.array([2.0, -4.0])
+    opt = AdamW(w, lr=0.1, weight_decay=0.5)
+    opt.step(np.zeros(2))
+    np.testing.assert_array_equal(w, [2.0 * 0.95, -4.0 * 0.95])
+    assert not opt.m.any() and not opt.v.any()
+    w = np.array([2.0, -4.0])
+    Adam(w, lr=0.1, weight_decay=0.5).step(np.zeros(2))
+    np.testing.assert_allclose(w, [1.9, -3.9], rtol=1e-7)
+
+
+@pytest.mark.parametrize("cls", [Adam, AdamW])
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 1e3])
+def test_first_step_is_lr_times_sign_of_g(cls, scale):
+    """Bias correction at t = 1: m_hat = g, v_hat = g^2, so the step is
+    lr*g/(|g| + eps), about lr*sign(g) whatever the gradient's scale."""
+    rng = np.random.default_rng(2)
+    g = (rng.standard_normal(50) * scale).astype(np.float32)
+    w = np.zeros(50, np.float32)
+    cls(w, lr=0.01, betas=(0.9, 0.999), eps=1e-8).step(g.copy())
+    g64 = g.astype(np.float64)
+    np.testing.assert_allclose(-w, 0.01 * g64 / (np.abs(g64) + 1e-8), rtol=2e-6)
+    if scale >= 1:                   # eps negligible against |g|
+        np.testing.assert_allclose(-w, 0.01 * np.sign(g), rtol=2e-6)
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+@pytest.mark.parametrize("prox", [False, True])
+def test_numpy_twin_is_the_class_step_bitwise(decoupled, prox):
+    """adam_update (the kernel's reference) and Adam.step (the CPU path with
+    the prox hook) do the same float32 arithmetic."""
+    rng = np.random.default_rng(4)
+    P = 301
+    w0, c, u = (rng.standard_normal(P).astype(np.float32) for _ in range(3))
+    grads = [rng.standard_normal(P).astype(np.float32) for _ in range(4)]
+    lr, b1, b2, eps, wd, rho = 3e-3, 0.9, 0.999, 1e-8, 0.02, 0.25
+    w = w0.copy()
+    cls = AdamW if decoupled else Adam
+    opt = cls(w, lr, (b1, b2), eps, wd,
+              extra_grad=Prox(c, u, np.float32(rho)) if prox else None)
+    rw, rm, rv = w0.copy(), np.zeros(P, np.float32), np.zeros(P, np.float32)
+    for t, g in enumerate(grads, start=1):
+        opt.step(g.copy())
+        adam_update(rw, g, rm, rv, c, u, lr, b1, b2, eps, wd, rho, 1 - b1 ** t,
+                    1 - b2 ** t, decoupled, prox)
+    assert w.tobytes() == rw.tobytes()
+    assert opt.m.tobytes() == rm.tobytes() and opt.v.tobytes() == rv.tobytes()
+
+
+def test_adam_state_round_trip_and_reset():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal(9).astype(np.float32)
+    opt = AdamW(w, lr=0.01, weight_decay=0.1)
+    for _ in range(2):
+        opt.step(rng.standard_normal(9).astype(np.float32))
+    spec = opt.state_spec()
+    assert spec == {"m": ((9,), np.float32), "v": ((9,), np.float32),
+                    "t": ((1,), np.int64)}
+    saved = {k: v.copy() for k, v in opt.state().items()}
+    assert saved["t"].tolist() == [2] and saved["m"].any() and saved["v"].all()
+    other = AdamW(w.copy(), lr=0.01, weight_decay=0.1)
+    other.load(saved)
+    for k in spec:
+        assert other.state()[k].tobytes() == saved[k].tobytes()
+    assert other.state()["t"] is other.t              # loaded into, not replaced
+    other.reset()
+    assert not any(v.any() for v in other.state().values())
+    assert saved["t"].tolist() == [2]                 # the saved copy is untouched
+
+
+@pytest.mark.parametrize("cls", [Adam, AdamW])
+def test_resume_through_saved_state_is_bitwise(cls, tmp_path):
+    """Six steps straight, or three, the state written to disk and loaded
+    into a fresh optimizer, then three more: the same bits."""
+    rng = np.random.default_rng(6)
+    P = 64
+    w0, c, u = (rng.standard_normal(P).astype(np.float32) for _ in range(3))
+    grads = [rng.standard_normal(P).astype(np.float32) for _ in range(6)]
+
+    def new(w):
+        return cls(w, 2e-3, (0.9, 0.99), 1e-8, 0.01,
+                   extra_grad=Prox(c, u, np.float32(0.1)))
+    straight_w = w0.copy()
+    straight = new(straight_w)
+    for g in grads:
+        straight.step(g.copy())
+    first_w = w0.copy()
+    first = new(first_w)
+    for g in grads[:3]:
+        first.step(g.copy())
+    np.savez(tmp_path / "state.npz", w=first_w, **first.state())
+    with np.load(tmp_path / "state.npz") as z:
+        again_w = z["w"].copy()
+        again = new(again_w)
+        again.load({k: z[k] for k in again.state_spec()})
+    for g in grads[3:]:
+        again.step(g.copy())
+    assert again_w.tobytes() == straight_w.tobytes()
+    for k, buf in straight.state().items():
+        assert again.state()[k].tobytes() == buf.tobytes()
+
+
+@pytest.mark.parametrize("kw", [{"lr": 0}, {"lr": 0.1, "betas": (1.0, 0.999)},
+                                {"lr": 0.1, "betas": (0.9, -0.1)}, {"lr": 0.1, "eps": 0},
+                                {"lr": 0.1, "weight_decay": -1}])
+def test_adam_bad_hyperparameters(kw):
+    with pytest.raises(ValueError):
+        Adam(np.zeros(2), **kw)
+
+
+def test_adam_config_keys_validate_and_keep_old_digests():
+    base = ["data.path=x"]
+    cfg = load(None, base + ["optim.name=adamw", "optim.betas=[0, 0.9]",
+                             "optim.momentum=0.99", "optim.nesterov=true"])
+    assert cfg["optim"]["betas"] == [0.0, 0.9]                     # floats
+    opt = make(cfg["optim"], np.zeros(2, np.float32))
+    assert (opt.b1, opt.b2, opt.eps) == (0.0, 0.9, 1e-8)
+    for bad, msg in [("optim.betas=[0.9, 1.0]", "optim.betas must both be in"),
+                     ("optim.betas=[0.9]", "optim.betas must be two numbers"),
+                     ("optim.eps=0", "optim.eps must be > 0")]:
+        with pytest.raises(ConfigError, match=msg):
+            load(None, base + [bad])
+    # a checkpoint written before these keys existed has the same digest
+    now = load(None, base)
+    old = copy.deepcopy(now)
+    for k in ("betas", "eps"):
+        old["optim"].pop(k)
+    assert run_hash(old) == run_hash(now)
+    assert run_hash(load(None, base + ["optim.eps=1e-6"])) != run_hash(now)

@@ -64,9 +64,11 @@ DEFAULTS = {
         "momentum": 0.9,         # sgd
         "weight_decay": 5e-4,    # sgd, adam: L2 in the gradient; adamw: decoupled
         "nesterov": False,       # sgd
-        "reset_momentum": True,  # zero the local optimizer state after every sync
+        "reset_momentum": True,  # sgd: zero the local momentum after every sync
         "betas": [0.9, 0.999],   # adam, adamw: the moments' decay rates
         "eps": 1e-8,             # adam, adamw: added to the denominator
+        "reset_state": "auto",   # zero the optimizer state after every sync:
+                                 # auto (sgd: reset_momentum; adam/adamw: false) | true | false
         "schedule": "constant",  # constant | step | cosine: lr per block (ssgd: per step)
         "milestones": [],        # step: passes at which lr is multiplied by gamma
         "gamma": 0.1,            # step: the factor
@@ -161,6 +163,10 @@ def _coerce(section, key, value):
             return value if value == "auto" else float(value)
         raise ConfigError(f"{where} must be 'auto', 0 (off) or a number of seconds > 0, "
                           f"got {value!r}")
+    if key == "reset_state":
+        if value == "auto" or isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be auto, true or false, got {value!r}")
     if key == "betas":
         if (isinstance(value, list) and len(value) == 2
                 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
@@ -362,8 +368,8 @@ def digest(cfg):
 # -- what a checkpoint must match -------------------------------------------------
 LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
            "warmup_passes")
-ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps")}  # left out of the digest
-                                                             # at their defaults
+ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state")}  # left out of
+                                                            # the digest at their defaults
 
 
 # Keys a resume may change (after a divergence, or to tune a long run): they
@@ -372,7 +378,7 @@ ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps")}  # left out of the di
 # the resumed block's metrics line and kept in the manifests that follow.
 RESUME_TUNABLE = {
     "optim": ("lr", "momentum", "weight_decay", "nesterov", "reset_momentum", "betas",
-              "eps") + LR_KEYS,
+              "eps", "reset_state") + LR_KEYS,
     "algorithm": ("rho", "l2", "adaptive_rho", "rho_mu", "rho_tau", "over_relaxation",
                   "dual_reset", "block_momentum", "block_lr", "nesterov", "easgd_beta"),
 }

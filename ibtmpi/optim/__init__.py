@@ -3,12 +3,12 @@ learning-rate schedule. base.py: the protocol, the registry and the ADMM
 prox hook; one module per optimizer (sgd.py, adam.py); lr.py: LrSchedule.
 Tests: tests/unit/test_optim.py, tests/unit/test_lr_schedule.py.
 """
-from .base import OPTIMIZERS, Optimizer, Prox, make, register
+from .base import OPTIMIZERS, Optimizer, Prox, make, register, reset_on_sync
 from .lr import LrSchedule
 from . import sgd                     # registration: one line per optimizer
 from . import adam
 from .adam import Adam, AdamW, adam_update
 from .sgd import SGD, sgd_update
 
-__all__ = ["OPTIMIZERS", "Optimizer", "Prox", "make", "register",
+__all__ = ["OPTIMIZERS", "Optimizer", "Prox", "make", "register", "reset_on_sync",
            "LrSchedule", "SGD", "sgd_update", "sgd", "Adam", "AdamW", "adam_update", "adam"]

@@ -14,7 +14,9 @@ last-bit differences in float32. The scalars (lr/bc1, sqrt(bc2), 1-b1,
 1-b2, 1-lr*wd) are formed on the host in float64 and used in float32.
 State: m, v (P,) of w's dtype (on the device with w) and the step count
 t, a (1,) int64 host array: all three are checkpointed, swapped between
-simulated workers and zeroed by ``reset()``. optim.momentum and
+simulated workers and zeroed by ``reset()``, which after a consensus
+sync happens only with optim.reset_state = true (auto keeps the state,
+as DiLoCo keeps its inner AdamW's). optim.momentum and
 optim.nesterov are SGD's keys and are ignored here.
 On a GPU (``ops`` given) a step without an extra term or with a ``Prox``
 is ONE launch of kernels/optim.cu adam_update, whose NumPy twin is
@@ -85,6 +87,10 @@ class Adam(Optimizer):
     def from_config(cls, o, params, ops=None):
         return cls(params, o["lr"], tuple(o["betas"]), o["eps"], o["weight_decay"],
                    ops=ops)
+
+    @classmethod
+    def auto_reset(cls, o):
+        return False          # DiLoCo keeps the inner state across syncs
 
     def state(self):
         return {"m": self.m, "v": self.v, "t": self.t}

@@ -6,7 +6,8 @@ v; Adam: moments and a step count) and is the only code that names them:
 ``state_spec()`` gives {name: (shape, dtype)}, ``state()`` the live
 buffers, ``load(state)`` copies values in (host or device arrays),
 ``reset()`` zeroes them (after a consensus sync, where the optimizer's
-``reset_on_sync`` says so). A buffer may live on the host while the others are on the
+``reset_on_sync`` says so: optim.reset_state, resolved by ``reset_on_sync``
+below). A buffer may live on the host while the others are on the
 device (Adam's step count): ``load`` copies each value to where its
 buffer is. Checkpoints, the trainer and the simulated
 workers' swaps go through these four and nothing else. ``lr`` and
@@ -34,6 +35,7 @@ def register(cls):
 
 class Optimizer(metaclass=abc.ABCMeta):
     name = ""
+    reset_on_sync = True     # make() sets it from optim.reset_state
 
     def __init__(self, params, lr, extra_grad=None, ops=None):
         if lr <= 0:
@@ -49,6 +51,12 @@ class Optimizer(metaclass=abc.ABCMeta):
     def from_config(cls, o, params, ops=None):
         """From the [optim] section (config.DEFAULTS holds every default);
         every optimizer class writes its own."""
+
+    @classmethod
+    def auto_reset(cls, o):
+        """What optim.reset_state = "auto" means for this optimizer: here
+        optim.reset_momentum (true by default), the key's older name."""
+        return o.get("reset_momentum", True)
 
     @abc.abstractmethod
     def step(self, g):
@@ -95,9 +103,23 @@ class Prox:
         np.add(g, tmp, out=g)
 
 
+def reset_on_sync(o):
+    """Whether the inner optimizer's state is zeroed after every consensus
+    sync, from the [optim] section: reset_state true or false, or "auto":
+    the optimizer's own default (Optimizer.auto_reset: optim.reset_momentum,
+    the older name, true by default, as SGD always did; Adam/AdamW: false,
+    as DiLoCo keeps its inner state)."""
+    r = o.get("reset_state", "auto")
+    if r == "auto":
+        return bool(OPTIMIZERS[o["name"]].auto_reset(o))
+    return bool(r)
+
+
 def make(o, params, ops=None):
     """The optimizer optim.name names, built from the [optim] section."""
     name = o["name"]
     if name not in OPTIMIZERS:
         raise ValueError(f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
-    return OPTIMIZERS[name].from_config(o, params, ops)
+    opt = OPTIMIZERS[name].from_config(o, params, ops)
+    opt.reset_on_sync = reset_on_sync(o)
+    return opt

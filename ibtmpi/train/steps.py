@@ -79,7 +79,7 @@ class BlockSteps:
             self.model.set_dropout_seed([self.cfg["data"]["seed"], k, i])
             self._swap_in(i)
             self.model.load_buffers(self.zbuf)   # every worker starts from the agreed ones
-            if self.cfg["optim"]["reset_momentum"]:
+            if self.opt.reset_on_sync:           # optim.reset_state (optim.base)
                 self.opt.reset()
             ws = self.states[i]
             # stage: the worker's w has a host image (pinned) unless the

@@ -1,12 +1,13 @@
 """SGD against a hand-unrolled recurrence; Adam/AdamW against the written
-update in float64, their state and resume."""
+update in float64, their state, resume and the reset-after-sync rule."""
 import copy
 
 import numpy as np
 import pytest
 
-from ibtmpi.config import ConfigError, load, run_hash
-from ibtmpi.optim import SGD, Adam, AdamW, Prox, adam_update, make
+from ibtmpi import optim
+from ibtmpi.config import DEFAULTS, ConfigError, load, run_hash
+from ibtmpi.optim import SGD, Adam, AdamW, Prox, adam_update
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
@@ -261,22 +262,43 @@ def test_adam_bad_hyperparameters(kw):
         Adam(np.zeros(2), **kw)
 
 
+def _o(**kw):
+    o = copy.deepcopy(DEFAULTS["optim"])
+    o.update(kw)
+    return o
+
+
+@pytest.mark.parametrize("o,reset", [
+    (_o(), True),                                        # today's default: reset
+    (_o(reset_momentum=False), False),                   # the older name, for sgd
+    (_o(reset_state=False), False), (_o(reset_state=True, reset_momentum=False), True),
+    (_o(name="adam"), False), (_o(name="adamw"), False),  # DiLoCo keeps its state
+    (_o(name="adamw", reset_momentum=True), False),       # an sgd key: ignored
+    (_o(name="adamw", reset_state=True), True)])
+def test_reset_state_resolution(o, reset):
+    opt = optim.make(o, np.zeros(3, np.float32))
+    assert optim.reset_on_sync(o) is reset
+    assert opt.reset_on_sync is reset
+    assert type(opt).name == o["name"]
+
+
 def test_adam_config_keys_validate_and_keep_old_digests():
     base = ["data.path=x"]
     cfg = load(None, base + ["optim.name=adamw", "optim.betas=[0, 0.9]",
                              "optim.momentum=0.99", "optim.nesterov=true"])
     assert cfg["optim"]["betas"] == [0.0, 0.9]                     # floats
-    opt = make(cfg["optim"], np.zeros(2, np.float32))
+    opt = optim.make(cfg["optim"], np.zeros(2, np.float32))
     assert (opt.b1, opt.b2, opt.eps) == (0.0, 0.9, 1e-8)
     for bad, msg in [("optim.betas=[0.9, 1.0]", "optim.betas must both be in"),
                      ("optim.betas=[0.9]", "optim.betas must be two numbers"),
-                     ("optim.eps=0", "optim.eps must be > 0")]:
+                     ("optim.eps=0", "optim.eps must be > 0"),
+                     ("optim.reset_state=sometimes", "optim.reset_state must be auto")]:
         with pytest.raises(ConfigError, match=msg):
             load(None, base + [bad])
     # a checkpoint written before these keys existed has the same digest
     now = load(None, base)
     old = copy.deepcopy(now)
-    for k in ("betas", "eps"):
+    for k in ("betas", "eps", "reset_state"):
         old["optim"].pop(k)
     assert run_hash(old) == run_hash(now)
     assert run_hash(load(None, base + ["optim.eps=1e-6"])) != run_hash(now)

@@ -13,7 +13,19 @@ EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.toml")))
 
 def test_there_are_examples():
     assert {os.path.basename(p) for p in EXAMPLES} >= {"demo.toml", "paper25k.toml",
-                                                      "fixed_block.toml"}
+                                                      "fixed_block.toml", "diloco.toml"}
+
+
+def test_diloco_example_has_the_published_outer_settings():
+    """Douillard et al. 2023: inner AdamW whose state survives the syncs,
+    outer Nesterov momentum 0.9 with learning rate 0.7."""
+    from ibtmpi import optim
+    from ibtmpi.config import load
+    cfg = load(os.path.join(ROOT, "examples", "diloco.toml"))
+    a, o = cfg["algorithm"], cfg["optim"]
+    assert (a["name"], a["block_lr"], a["block_momentum"], a["nesterov"]) == (
+        "bmuf", 0.7, 0.9, True)
+    assert o["name"] == "adamw" and optim.reset_on_sync(o) is False
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=os.path.basename)

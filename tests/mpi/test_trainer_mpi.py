@@ -42,7 +42,8 @@ CASES = [("admm", ()), ("bmuf", ()), ("ibt", ()), ("ma", ()), ("easgd", ()),
          ("ssgd", ("optim.schedule=step", "optim.milestones=[0.5, 1.0]")),
          # BatchNorm's running statistics ride in the same Allreduce
          ("ibt", ("model.layers=resnet8",)),
-         ("admm", ("model.layers=resnet8", "algorithm.warmup_steps=2")),
+         ("admm", ("model.layers=resnet8", "algorithm.warmup_steps=2",
+                   "optim.name=adamw", "optim.lr=0.003")),
          ("ssgd", ("model.layers=resnet8",))]
 
 

@@ -25,18 +25,19 @@ def cfg(path, run_dir, algo="ibt", *more):
                        *more])
 
 
-@pytest.mark.parametrize("algo", ["ibt", "ssgd"])
+@pytest.mark.parametrize("algo,more", [("ibt", ()), ("ssgd", ()),
+                                       ("bmuf", ("optim.name=adamw", "optim.lr=0.003"))])
 def test_resnet8_resume_is_bitwise_exact_with_the_running_statistics(
-        small_dataset, tmp_path, monkeypatch, algo):
-    ref = Trainer(cfg(small_dataset, tmp_path / "a", algo), log=lambda m: None)
+        small_dataset, tmp_path, monkeypatch, algo, more):
+    ref = Trainer(cfg(small_dataset, tmp_path / "a", algo, *more), log=lambda m: None)
     ref.run()
     assert ref.zbuf.size == ref.model.n_buffers > 0
     monkeypatch.setenv("IBTMPI_FAULT", "0:5:compute")
     with pytest.raises(InjectedFault):
-        Trainer(cfg(small_dataset, tmp_path / "b", algo), log=lambda m: None).run()
+        Trainer(cfg(small_dataset, tmp_path / "b", algo, *more), log=lambda m: None).run()
     monkeypatch.delenv("IBTMPI_FAULT")
     assert ckpt.complete(str(tmp_path / "b"))[-1] == 3
-    t = Trainer(cfg(small_dataset, tmp_path / "b", algo), log=lambda m: None)
+    t = Trainer(cfg(small_dataset, tmp_path / "b", algo, *more), log=lambda m: None)
     t.run()
     assert t.z.tobytes() == ref.z.tobytes()
     assert t.zbuf.tobytes() == ref.zbuf.tobytes()

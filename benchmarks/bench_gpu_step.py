@@ -1,21 +1,30 @@
 #!/usr/bin/env python
-"""Training step of the reference CNN on one GPU: our CUDA kernels (via
-backend.GpuOps) vs PyTorch/cuDNN fp32 (TF32 off), 64x64x3 input, batch 64
-and 256, side by side; images/s, ratio (target >= 0.7x cuDNN) and peak GPU
-memory; then our step op by op (where its time goes, for the next round of
-kernel work). Usage: python benchmarks/bench_gpu_step.py [--json OUT.json]
+"""Training step of a model (--model: the reference CNN by default, or
+resnet8 / resnet18 / any preset; PyTorch gets the same architecture, built
+by bench_step.torch_net) on one GPU: our CUDA kernels (via backend.GpuOps)
+vs PyTorch/cuDNN fp32 (TF32 off) and PyTorch with its defaults (cuDNN may
+use TF32), 64x64x3 input (--size), batch 64 and 256, side by side;
+images/s, ratios (target >= 0.7x cuDNN fp32) and peak GPU memory; then our
+step op by op (where its time goes, for the next round of kernel work).
+Usage: python benchmarks/bench_gpu_step.py [--model resnet18] [--size 64]
+       [--json OUT.json]
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 # the GpuOps calls a training step makes, timed one by one in the breakdown
 TIMED = ("conv2d_forward", "conv2d_backward", "maxpool_forward", "maxpool_backward",
          "relu_forward", "relu_backward", "linear_forward", "linear_backward",
-         "softmax_xent_train",
+         "batchnorm_forward", "batchnorm_backward", "gap_forward", "gap_backward",
+         "add_relu_forward", "softmax_xent_train",
          "sgd_update", "asarray")
 
 
@@ -61,7 +70,7 @@ def breakdown(ops, step, steps):
     return out
 
 
-def ours(batch, steps, warmup, split=False):
+def ours(batch, steps, warmup, split=False, model="reference", size=64):
     from ibtmpi.backend import GpuOps
     from ibtmpi.model import Model
     from ibtmpi.optim import SGD
@@ -69,10 +78,10 @@ def ours(batch, steps, warmup, split=False):
     cupy = ops.cp                       # the backend module is the one cupy importer
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
-    m = Model("reference", (3, 64, 64), 5, ops=ops)
+    m = Model(model, (3, size, size), 5, ops=ops)
     opt = SGD(m.params, lr=0.01, momentum=0.9, weight_decay=5e-4, ops=ops)   # fused step
     rng = np.random.default_rng(0)
-    x = cupy.asarray(rng.standard_normal((batch, 3, 64, 64), dtype=np.float32))
+    x = cupy.asarray(rng.standard_normal((batch, 3, size, size), dtype=np.float32))
     y = rng.integers(0, 5, batch)
     peak = 0
 
@@ -93,20 +102,30 @@ def ours(batch, steps, warmup, split=False):
     return img_s, peak, (breakdown(ops, step, steps) if split else None)
 
 
-def torch_ref(batch, steps, warmup):
+def torch_ref(batch, steps, warmup, model="reference", size=64, fp32=True):
+    """PyTorch's step on the same architecture: fp32 (TF32 off), or with
+    PyTorch's defaults (fp32=False: cuDNN may use TF32)."""
     import torch
+    from bench_step import torch_net
     torch.backends.cudnn.benchmark = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    defaults = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    if fp32:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    try:
+        return _torch_steps(torch, torch_net(model, (3, size, size), 5), batch, steps,
+                            warmup, size)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = defaults
+
+
+def _torch_steps(torch, net, batch, steps, warmup, size):
     nn = torch.nn
     dev = torch.device("cuda")
-    net = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(8192, 256), nn.ReLU(), nn.Linear(256, 5)).to(dev)
+    net = net.to(dev)
+    net.train()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    x = torch.randn(batch, 3, 64, 64, device=dev)
+    x = torch.randn(batch, 3, size, size, device=dev)
     y = torch.randint(0, 5, (batch,), device=dev)
     torch.cuda.reset_peak_memory_stats()
     for i in range(warmup + steps):
@@ -126,25 +145,35 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batches", default="64,256", help="comma-separated batch sizes")
     ap.add_argument("--json")
+    ap.add_argument("--model", default="reference", help="a preset: reference, resnet8, ...")
+    ap.add_argument("--size", type=int, default=64, help="input height and width")
     ap.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                     help="skip the per-op timing of our step")
     a = ap.parse_args(argv)
     rows, splits = [], []
-    print("| batch | ours img/s | cuDNN fp32 img/s | ours/cuDNN | ours peak MiB | torch peak MiB |")
-    print("|---|---|---|---|---|---|")
+    print(f"model {a.model}, input {a.size}x{a.size}x3")
+    print("| batch | ours img/s | cuDNN fp32 img/s | ours/cuDNN | PyTorch defaults img/s | "
+          "ours/defaults | ours peak MiB | torch peak MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in a.batches.split(",")):
-        o, om, split = ours(batch, a.steps, a.warmup, a.breakdown)
-        try:                 # a broken PyTorch must not cost our own figures
-            t, tm = torch_ref(batch, a.steps, a.warmup)
-        except Exception as e:
-            print(f"PyTorch/cuDNN failed at batch {batch}: {type(e).__name__}: {e}", flush=True)
-            t = tm = float("nan")
-        rows.append({"batch": batch, "ours_img_s": o, "torch_img_s": t, "ratio": o / t,
+        o, om, split = ours(batch, a.steps, a.warmup, a.breakdown, a.model, a.size)
+        res = {}
+        for fp32 in (True, False):
+            try:             # a broken PyTorch must not cost our own figures
+                res[fp32] = torch_ref(batch, a.steps, a.warmup, a.model, a.size, fp32)
+            except Exception as e:
+                print(f"PyTorch ({'fp32' if fp32 else 'defaults'}) failed at batch {batch}: "
+                      f"{type(e).__name__}: {e}", flush=True)
+                res[fp32] = (float("nan"), float("nan"))
+        (t, tm), (td, _) = res[True], res[False]
+        rows.append({"model": a.model, "size": a.size, "batch": batch, "ours_img_s": o,
+                     "torch_img_s": t, "ratio": o / t, "torch_defaults_img_s": td,
+                     "ratio_defaults": o / td,
                      "ours_peak_mib": om / 2**20, "torch_peak_mib": tm / 2**20,
                      "ours_ms_per_op": split})
         splits.append((batch, split))
-        print(f"| {batch} | {o:,.0f} | {t:,.0f} | {o / t:.2f} | {om / 2**20:.0f} | "
-              f"{tm / 2**20:.0f} |", flush=True)
+        print(f"| {batch} | {o:,.0f} | {t:,.0f} | {o / t:.2f} | {td:,.0f} | {o / td:.2f} | "
+              f"{om / 2**20:.0f} | {tm / 2**20:.0f} |", flush=True)
         if a.json:           # after each batch size: a later failure keeps these
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)

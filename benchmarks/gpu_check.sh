@@ -84,8 +84,10 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then
     images="--n 300 --size 16" step="--batches 2,3 --steps 1 --warmup 1"
     model="--set model.layers=tiny --set data.batch=16 --set data.split_size=40"
+    r8size=16 r18size=16
 else
     images="--n 4000 --size 64" step="" model="--set data.split_size=256"
+    r8size=32 r18size=64
 fi
 env=$out/env.txt
 nvidia-smi >"$env" 2>&1
@@ -108,6 +110,14 @@ if [ -f "$out/gpu_tests.txt" ] && ! grep -Eq "[0-9]+ passed" "$out/gpu_tests.txt
 fi
 stage step-vs-cudnn 180 "$out/gpu_step.txt" \
     python3 benchmarks/bench_gpu_step.py $step --json "$out/gpu_step.json"
+# the modern CNNs (BatchNorm, residual blocks, GAP): resnet8 at 32x32 and
+# resnet18 at 64x64, against PyTorch on the same architecture
+stage step-resnet8 120 "$out/gpu_step_resnet8.txt" \
+    python3 benchmarks/bench_gpu_step.py $step --model resnet8 --size $r8size --no-breakdown \
+    --json "$out/gpu_step_resnet8.json"
+stage step-resnet18 180 "$out/gpu_step_resnet18.txt" \
+    python3 benchmarks/bench_gpu_step.py $step --model resnet18 --size $r18size \
+    --json "$out/gpu_step_resnet18.json"
 data=$tmp/d
 stage prep 120 "$out/train.txt" python3 -m ibtmpi prep synth "$data" $images --shards 2 --quiet
 # the timeline shows where GPU workers spend a block (compute spans carry

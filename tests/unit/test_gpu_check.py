@@ -42,7 +42,8 @@ def ok(stages, names, log):
         assert stages[name].startswith("ok,"), f"{name}: {stages[name]}\n{log}"
 
 
-COMMON = ["imports", "info", "compile", "gpu-tests", "step-vs-cudnn", "prep"]
+COMMON = ["imports", "info", "compile", "gpu-tests", "step-vs-cudnn", "step-resnet8",
+          "step-resnet18", "prep"]
 REPEAT = ["repeat-1", "repeat-2", "out-of-memory"]
 
 
@@ -76,8 +77,12 @@ def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
     assert "GPU run repeated, z bitwise equal: True" in train, train
     assert "CUPY_GPU_MEMORY_LIMIT=300000: exit status 71 (71 expected)" in train, train
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["env.txt", "gpu_step.json", "gpu_step.txt", "gpu_tests.txt", "stages.txt",
-                     "train.txt", "train_summary.json", "train_timeline.json"]   # 8 come back
+    assert files == ["env.txt", "gpu_step.json", "gpu_step.txt", "gpu_step_resnet18.json",
+                     "gpu_step_resnet18.txt", "gpu_step_resnet8.json", "gpu_step_resnet8.txt",
+                     "gpu_tests.txt", "stages.txt", "train.txt", "train_summary.json",
+                     "train_timeline.json"]   # 12 come back
+    r18 = json.loads((out / "gpu_step_resnet18.json").read_text())
+    assert [(r["model"], r["batch"]) for r in r18] == [("resnet18", 2), ("resnet18", 3)]
     assert [r["batch"] for r in json.loads((out / "gpu_step.json").read_text())] == [2, 3]
     assert "passed" in (out / "gpu_tests.txt").read_text()
     env = (out / "env.txt").read_text()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
+from . import ops as _ops
 from .layers import commute_relu_pool, fuse_for_device, plan_phase_out, spec_entry
 
 PRESETS = {
@@ -102,6 +103,16 @@ def build_layers(spec, input_shape, n_classes):
     return layers, shapes
 
 
+def _walk(layers):
+    """Every layer, a block's children in place of the block."""
+    for layer in layers:
+        kids = getattr(layer, "children", None)
+        if kids:
+            yield from _walk(kids)
+        else:
+            yield layer
+
+
 def _views(li, names, shapes, off, slices, *flats):
     """Views of consecutive `shapes` from offset `off` on, in each of the
     flat vectors `flats` (one list each); appends (li, name, slice) to
@@ -157,6 +168,10 @@ class Model:
                 layer.ops = ops
         if ops is not None:
             fuse_for_device(self.layers)
+        else:                 # large convs share one column buffer (layers/conv.py)
+            shared = _ops.Workspace()
+            for layer in _walk(self.layers):
+                layer.shared_ws = shared
         self.init(seed)
 
     # -- parameters ---------------------------------------------------------

@@ -162,14 +162,16 @@ def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None,
 
 
 def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
-                    ws=None):
+                    ws=None, colws=None):
     """Gradients of conv2d_forward.
 
     dy (N, F, Ho, Wo), or the phase array (5-D "rows", 6-D "quads") when
     forward ran with a phase; col from forward; writes dw (F, C, kh, kw)
     and db (F,) in place (overwrites; db None: a conv without bias); returns dx (N, C, H, W) or None.
     With a ws, the input gradient reuses col's memory: one backward per
-    forward.
+    forward. colws: where col lives when it is one buffer shared by the
+    model's convs (layers/conv.py: recomputed in backward); the input
+    gradient's columns take it too.
     """
     kh, kw = w.shape[2], w.shape[3]
     phase = dy.ndim > 4
@@ -194,14 +196,16 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     if not need_dx:
         return None
     if stride == 1:
-        return _input_grad_on_grid(dy, w, x_shape, pad, ws)
+        return _input_grad_on_grid(dy, w, x_shape, pad, ws, colws)
     if phase:
         # back to plain column order for col2im
         plain = _buf(ws, "dy2", (f, dy.size // f), dy.dtype)
         n, _, ho, wo = phase_plain_shape(dy)
         np.copyto(_phase_view(plain.reshape(f, n, ho, wo), dy.ndim, ho, wo), dy)
         dy2 = plain
-    dcol = _buf(ws, "dcol", col.shape, dy.dtype)
+    # col is spent once dW is computed: a shared col's memory takes dcol
+    dcol = (_shared(colws, "col", col.shape, dy.dtype) if colws is not None
+            else _buf(ws, "dcol", col.shape, dy.dtype))
     np.matmul(w.reshape(f, -1).T, dy2, out=dcol)      # (CKK, N*Ho*Wo)
     return col2im(dcol, x_shape, kh, kw, stride, pad, ws=ws)
 
@@ -263,7 +267,7 @@ def _grid_cols(x_shape, kh, kw, pad):
     return n * hp * wp - ((kh - 1) * wp + (kw - 1))
 
 
-def _input_grad_on_grid(dy, w, x_shape, pad, ws):
+def _input_grad_on_grid(dy, w, x_shape, pad, ws, colws=None):
     """dx of a stride-1 conv (what col2im(W^T @ dy) gives), computed on the
     padded grid so that col2im becomes kh*kw shifted adds of long
     contiguous rows.
@@ -291,7 +295,7 @@ def _input_grad_on_grid(dy, w, x_shape, pad, ws):
         np.copyto(g[:, :, :ho, :wo], dy.transpose(1, 0, 2, 3))
     lq = _grid_cols(x_shape, kh, kw, pad)
     # col is spent once dW is computed: its memory takes dcol
-    dcol = _shared(ws, "col", (c * kh * kw, lq), w.dtype)
+    dcol = _shared(colws if colws is not None else ws, "col", (c * kh * kw, lq), w.dtype)
     np.matmul(w.reshape(f, -1).T, g.reshape(f, -1)[:, :lq], out=dcol)
     dxp = _buf(ws, "dxpadgrid", (c, n, hp, wp), w.dtype)
     d2 = dxp.reshape(c, -1)

@@ -185,3 +185,26 @@ def test_spec_errors_name_the_entry():
         Model(["residual", "gap", "linear"], (3, 8, 8), 2)
     with pytest.raises(ValueError, match="gap needs"):
         Model(["flatten", "gap", "linear"], (3, 8, 8), 2)
+
+
+@pytest.mark.parametrize("spec", ["reference", "resnet8", SMALL_RES])
+def test_shared_recomputed_columns_give_the_same_bits(spec, monkeypatch):
+    """Convs whose columns would exceed COL_SHARE_BYTES share one buffer and
+    recompute their columns in backward: forced on every conv here (the
+    reference CNN's phase path included), gradients and the moved running
+    statistics are bitwise those of per-conv buffers, over two steps with
+    two batch sizes; the model then holds one column buffer."""
+    from ibtmpi.layers import Conv2d
+    shape = (2, 6, 6) if spec is SMALL_RES else (3, 16, 16)
+    x = RNG.standard_normal((6,) + shape).astype(np.float32)
+    y = np.arange(6) % 3
+    own = Model(spec, shape, 3, seed=4)
+    monkeypatch.setattr(Conv2d, "COL_SHARE_BYTES", 0)
+    shared = Model(spec, shape, 3, seed=4)
+    for n in (6, 4):
+        own.loss_and_grad(x[:n], y[:n])
+        shared.loss_and_grad(x[:n], y[:n])
+        assert own.grads.tobytes() == shared.grads.tobytes()
+        assert own.buffers.tobytes() == shared.buffers.tobytes()
+    convs = [l for l in shared.layers if isinstance(l, Conv2d)]
+    assert convs and all(c.x is not None and "col" not in c.ws._bufs for c in convs)

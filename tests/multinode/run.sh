@@ -15,12 +15,18 @@
 #
 # Usage (root; everything is torn down at the end, also on failure or
 # Ctrl-C, leaving no namespace, link or process behind):
-#   bash tests/multinode/run.sh [--venv DIR] [--rate 1gbit] [--algos ssgd,admm,ibt,bmuf]
-# --algos: afterwards, each algorithm's time per pass (honest: summary.json
-# pass_s) on the 3 nodes at this rate, and the bytes that crossed the links.
+#   bash tests/multinode/run.sh [--venv DIR] [--nodes 3] [--rate 1gbit]
+#                               [--algos ssgd,admm,ibt,bmuf]
+# --nodes: 2 to 8 nodes, one rank each (rank 0, the master, on node1).
+# --algos: afterwards, the Allreduce's alpha and beta measured across the
+# nodes at this rate (benchmarks/allreduce_alpha_beta.py), then each
+# algorithm's time per pass (honest: summary.json pass_s), the bytes that
+# crossed the links, and the scaling model's time per pass for the run
+# (its own compute and master figures, the measured alpha and beta:
+# tests/multinode/predict.py) with the model's error.
 # Then Slurm across the same nodes (SLURM_PART=0 skips it): slurmctld in the
 # root namespace, one slurmd per node namespace with its hostname as
-# NodeName, munge shared; `sbatch --nodes=3` of slurm/multinode-srun.sbatch
+# NodeName, munge shared; `sbatch --nodes=N` of slurm/multinode-srun.sbatch
 # and slurm/multinode-mpirun.sbatch must put a rank on each node and end
 # with the one-node run's z.
 # Where namespaces cannot be made (not root, no CAP_SYS_ADMIN) it says so,
@@ -31,17 +37,20 @@ ROOT=$(cd "$HERE/../.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 RATE=1gbit
 ALGOS=""
+NODES=3
 while [ $# -gt 0 ]; do
     case "$1" in
         --venv) VENV=$2; shift 2 ;;
         --rate) RATE=$2; shift 2 ;;
         --algos) ALGOS=$2; shift 2 ;;
-        *) echo "usage: $0 [--venv DIR] [--rate 1gbit] [--algos a,b]" >&2; exit 2 ;;
+        --nodes) NODES=$2; shift 2 ;;
+        *) echo "usage: $0 [--venv DIR] [--nodes 3] [--rate 1gbit] [--algos a,b]" >&2; exit 2 ;;
     esac
 done
 PY=$VENV/bin/python
 MPIEXEC=$VENV/bin/mpiexec
-NODES=3
+case "$NODES" in [2-8]) ;; *) echo "--nodes must be 2 to 8, got '$NODES'" >&2; exit 2 ;; esac
+EXPECT=$(seq -s' ' -f "node%g" 1 "$NODES")    # where the ranks must run
 NET=169.254.100
 BR=ibtbr$$
 TAG=ibt$$                     # namespaces ibt<pid>n<i>, veths ibt<pid>v<i>
@@ -140,15 +149,15 @@ if timeout 300 "$MPIEXEC" -iface "$BR" -launcher ssh -launcher-exec "$WORK/launc
     bytes=$(( $(across) - before ))
     say "bytes across node links: $bytes ($(awk "BEGIN{printf \"%.1f\", $bytes/1048576}") MiB in $(awk "BEGIN{printf \"%.1f\", $t1-$t0}") s)"
     hosts=$("$PY" -c "import json; print(' '.join(r['host'] for r in json.load(open('nodes/summary.json'))['environment']['ranks']))")
-    if [ "$hosts" = "node1 node2 node3" ]; then ok "ibt on 3 nodes: ranks on $hosts"
-    else bad "ranks were on '$hosts', not node1 node2 node3"; fi
+    if [ "$hosts" = "$EXPECT" ]; then ok "ibt on $NODES nodes: ranks on $hosts"
+    else bad "ranks were on '$hosts', not $EXPECT"; fi
     # 2 passes x 6 blocks, each an Allreduce of the packed buffer (P floats)
     # into and out of every node: far more than the start-up's messages
     need=$("$PY" -c "import json; s=json.load(open('nodes/summary.json')); print(s['allreduce_bytes'])")
     if [ "$bytes" -ge "$need" ]; then ok "the blocks' data crossed the links ($bytes >= $need bytes)"
     else bad "only $bytes bytes crossed the links; the run's Allreduces sent $need"; fi
 else
-    bad "the 3-node run failed:"; tail -20 nodes.log
+    bad "the $NODES-node run failed:"; tail -20 nodes.log
 fi
 if timeout 300 "$MPIEXEC" -n $NODES "$PY" -m ibtmpi train "${SETS[@]}" \
         --set run.dir="$WORK/local" > local.log 2>&1; then
@@ -158,8 +167,8 @@ a = np.load("nodes/model.npz")["z"]
 b = np.load("local/model.npz")["z"]
 sys.exit(0 if a.tobytes() == b.tobytes() else 1)
 PY
-    then ok "z of the 3-node run equals the one-node run bit for bit"
-    else bad "z differs between the 3-node and the one-node run"; fi
+    then ok "z of the $NODES-node run equals the one-node run bit for bit"
+    else bad "z differs between the $NODES-node and the one-node run"; fi
 else
     bad "the one-node run failed:"; tail -20 local.log
 fi
@@ -228,7 +237,7 @@ CONF
         done
         hosts=$("$PY" -c "import json; print(' '.join(r['host'] for r in json.load(open('$WORK/$tpl/summary.json'))['environment']['ranks']))" 2>/dev/null)
         same=$("$PY" -c "import numpy as np; print(np.load('$WORK/$tpl/model.npz')['z'].tobytes() == np.load('$WORK/local/model.npz')['z'].tobytes())" 2>/dev/null)
-        if [ "$hosts" = "node1 node2 node3" ] && [ "$same" = True ]; then
+        if [ "$hosts" = "$EXPECT" ] && [ "$same" = True ]; then
             ok "sbatch --nodes=$NODES slurm/$tpl.sbatch: ranks on $hosts, z equal to the one-node run"
         else
             bad "slurm/$tpl.sbatch: ranks on '$hosts', z equal: '$same'"
@@ -238,6 +247,17 @@ CONF
 }
 [ "${SLURM_PART:-1}" = 1 ] && slurm_part
 
+if [ -n "$ALGOS" ]; then
+    # the Allreduce's alpha and beta on these links (the model's inputs)
+    if timeout 600 "$MPIEXEC" -iface "$BR" -launcher ssh -launcher-exec "$WORK/launch" \
+            -hosts "$HOSTS" -ppn 1 -n $NODES -genv UCX_TLS tcp,self \
+            -genv UCX_NET_DEVICES eth0 "$PY" "$ROOT/benchmarks/allreduce_alpha_beta.py" \
+            --json "$WORK/ab.json" > ab.log 2>&1; then
+        sed "s/^/multinode: $RATE, $NODES nodes: /" ab.log | grep "fit:"
+    else
+        bad "the alpha/beta measurement failed:"; tail -5 ab.log
+    fi
+fi
 for algo in ${ALGOS//,/ }; do
     before=$(across)
     if timeout 900 "$MPIEXEC" -iface "$BR" -launcher ssh -launcher-exec "$WORK/launch" \
@@ -255,8 +275,10 @@ print(f"multinode: {algo} at {rate}: {per:.2f} s per pass (honest), "
       f"{int(nbytes) / 2**20 / s['passes']:.1f} MiB per pass across the links, "
       f"test accuracy {s['test_acc']:.4f}")
 PY
+        [ -s "$WORK/ab.json" ] && "$PY" "$HERE/predict.py" "$WORK/cmp-$algo" "$WORK/ab.json" \
+            | sed "s/^/multinode: $algo at $RATE: /"
     else
-        bad "$algo on 3 nodes failed:"; tail -5 "cmp-$algo.log"
+        bad "$algo on $NODES nodes failed:"; tail -5 "cmp-$algo.log"
     fi
 done
 echo "$pass passed, $fail failed"

@@ -24,7 +24,8 @@
 # crossed the links, and the scaling model's time per pass for the run
 # (its own compute and master figures, the measured alpha and beta:
 # tests/multinode/predict.py) with the model's error.
-# Then Slurm across the same nodes (SLURM_PART=0 skips it): slurmctld in the
+# Then Slurm across the same nodes (SLURM_PART=0 skips it; preemption and
+# requeue of a job across them included): slurmctld in the
 # root namespace, one slurmd per node namespace with its hostname as
 # NodeName, munge shared; `sbatch --nodes=N` of slurm/multinode-srun.sbatch
 # and slurm/multinode-mpirun.sbatch must put a rank on each node and end
@@ -244,6 +245,44 @@ CONF
             tail -15 "$WORK/$tpl-$id.out"
         fi
     done
+    preempt_part
+}
+
+# Preemption across the nodes, as on the one-node CI cluster: SIGUSR1 to the
+# job's steps -> every rank checkpoints, exit 75, the template requeues the
+# job, the requeued job resumes on the nodes and ends where an
+# uninterrupted run of the same settings ends, bit for bit.
+preempt_part() {
+    local id out="$WORK/preempt.out" passes=12
+    sed -e "s/passes = 2/passes = $passes/" run.toml > long.toml
+    "$MPIEXEC" -n $NODES "$PY" -m ibtmpi train --config long.toml \
+        --set run.dir="$WORK/straight" > straight.log 2>&1 \
+        || { bad "the uninterrupted $passes-pass run failed"; tail -5 straight.log; return; }
+    id=$(UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 IBTMPI_VENV=$VENV \
+         sbatch --parsable --nodes=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
+         --export=ALL --output="$out" "$ROOT/slurm/multinode-srun.sbatch" long.toml \
+         --set run.dir="$WORK/preempt")
+    for k in $(seq 1 120); do
+        [ -f "$WORK/preempt/metrics.jsonl" ] && [ "$(wc -l < "$WORK/preempt/metrics.jsonl")" -ge 3 ] && break
+        sleep 0.5
+    done
+    scancel --signal=USR1 "$id"
+    for k in $(seq 1 120); do grep -q "requeueing job" "$out" 2>/dev/null && break; sleep 1; done
+    for k in $(seq 1 30); do        # Slurm holds a requeued job ~2 minutes: start it now
+        squeue -h -j "$id" -o %r 2>/dev/null | grep -q BeginTime && \
+            scontrol update JobId="$id" StartTime=now >/dev/null 2>&1 && break
+        sleep 1
+    done
+    for k in $(seq 1 300); do squeue -h -j "$id" 2>/dev/null | grep -q . || break; sleep 1; done
+    same=$("$PY" -c "import numpy as np; print(np.load('$WORK/preempt/model.npz')['z'].tobytes() == np.load('$WORK/straight/model.npz')['z'].tobytes())" 2>/dev/null)
+    hosts=$("$PY" -c "import json; print(' '.join(r['host'] for r in json.load(open('$WORK/preempt/summary.json'))['environment']['ranks']))" 2>/dev/null)
+    if grep -q "preempted (exit 75): requeueing job $id" "$out" && grep -q "resuming from" "$out" \
+            && [ "$same" = True ] && [ "$hosts" = "$EXPECT" ]; then
+        ok "preempted across $NODES nodes (SIGUSR1): checkpointed, requeued, resumed on $hosts, z equal to the uninterrupted run"
+    else
+        bad "preemption across the nodes: requeued/resumed/z equal/hosts: $(grep -c 'requeueing job' "$out")/$(grep -c 'resuming from' "$out")/'$same'/'$hosts'"
+        tail -20 "$out"
+    fi
 }
 [ "${SLURM_PART:-1}" = 1 ] && slurm_part
 

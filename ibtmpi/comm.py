@@ -191,6 +191,9 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     STATS["reduce_s"] += t2 - t1
 
 
+SETTLE_S = 0.002      # quiet_arrival: quick Tests after each slice of work
+
+
 def quiet_arrival(comm=None, sleep_max=0.005, work=None, watch=None):
     """Wait until every rank of `comm` has arrived here, sleeping with a
     back-off instead of spinning: MPICH and Open MPI both busy-poll inside a
@@ -213,6 +216,16 @@ def quiet_arrival(comm=None, sleep_max=0.005, work=None, watch=None):
             busy = work()
             STATS["work_s"] += time.perf_counter() - t0
             if busy:
+                # the barrier advances one round per Test: before the next
+                # slice of work, give the ranks that arrived meanwhile a
+                # moment (2 ms of quick Tests) to complete it, so a rank
+                # with work is late by at most one slice, not one slice per
+                # round of the barrier (log2 of the ranks)
+                t1 = time.perf_counter()
+                while time.perf_counter() - t1 < SETTLE_S:
+                    if req.Test():
+                        return
+                    time.sleep(0.00005)
                 continue
         time.sleep(nap)
         nap = min(nap * 2, sleep_max)

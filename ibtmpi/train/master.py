@@ -55,6 +55,8 @@ class MasterReports:
         starvation and memory-growth watches, the pending evaluation."""
         r, n = self.cfg["run"], self.n_workers
         self._pending_eval = None      # (record, generator, out)
+        self._queued = []              # metrics lines waiting behind that evaluation
+        self._deferred_manifests = []  # checkpoints confirmed once those lines are out
         self.eval_cpu = 0.0            # rank 0 CPU spent evaluating (useful work)
         self.bar = None
         if self.is_master and not r["quiet"] and sys.stderr.isatty():
@@ -146,11 +148,14 @@ class MasterReports:
         eval_every = self.cfg["run"]["eval_every"] or self.sched.blocks_per_pass
         due = (k + 1) % eval_every == 0 or last
         if due and self.val is not None:
+            self._finish_eval()         # one evaluation at a time
             self._at("evaluation")
             out = {}
             self._pending_eval = (rec, self._eval_steps(self.val, self.z, out), out)
             if self.local or last:      # nothing to overlap with: now
                 self._finish_eval()
+        elif self._pending_eval is not None:
+            self._queued.append(rec)    # after the carried evaluation's line
         else:
             self._emit(rec, None)
         if self.bar is not None:
@@ -162,12 +167,13 @@ class MasterReports:
             for found in self.growth.pass_done(rec):
                 self.log(self._growth_text(p, *found))
 
-    def _eval_steps(self, data, params, out, batch=256):
-        """Generator: evaluates params on (x, y) batch by batch, yielding in
-        between, so the master can poll MPI; writes (loss, acc) into out."""
+    def _eval_steps(self, data, params, out, batch=256, buffers=None):
+        """Generator: evaluates params (with buffers, z's by default) on
+        (x, y) batch by batch, yielding in between, so the master can poll
+        MPI; writes (loss, acc) into out."""
         from ..serial import evaluate_steps
         np.copyto(self.eval_model.params, params)
-        self.eval_model.load_buffers(self.zbuf)       # z's running statistics
+        self.eval_model.load_buffers(self.zbuf if buffers is None else buffers)
         return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
                               self.ds.std, out, batch)
 
@@ -185,6 +191,12 @@ class MasterReports:
         except StopIteration:
             self._emit(self._pending_eval[0], self._pending_eval[2])
             self._pending_eval = None
+            queued, self._queued = self._queued, []
+            for rec in queued:
+                self._emit(rec, None)
+            deferred, self._deferred_manifests = self._deferred_manifests, []
+            for k in deferred:
+                self._write_manifest(k)
             return False
         finally:
             self.eval_cpu += time.process_time() - c0
@@ -200,6 +212,19 @@ class MasterReports:
                                                     "algorithm": self.algo})
             self.log(f"timeline: {path} ({n} spans; open in https://ui.perfetto.dev "
                      f"or chrome://tracing)")
+
+    def _settle_eval(self):
+        """After a block: finish the pending evaluation, unless it may be
+        carried into the next blocks' waits. A master of its own carries
+        it (its batches run while it waits for the workers; the metrics
+        lines behind it wait for its line, so their order stays the block
+        order, and so do the manifests of checkpoints taken meanwhile:
+        CheckpointState._manifest), so a long evaluation never holds the
+        workers at the next Allreduce; not under run.early_stop, whose
+        decision must come at the block it always came at. The last block,
+        a stop and the next due evaluation finish it first."""
+        if self.local or self.cfg["run"]["early_stop"]:
+            self._finish_eval()
 
     def _finish_eval(self):
         if self._pending_eval is not None:
@@ -421,7 +446,8 @@ class MasterReports:
         out = {}
         with np.load(path) as f:
             z = f["z"]
-        for _ in self._eval_steps(self.test, z, out):
+            buffers = f["buffers"] if "buffers" in f.files else None   # its own statistics
+        for _ in self._eval_steps(self.test, z, out, buffers=buffers):
             pass
         b["test_loss"], b["test_acc"] = out["loss"], out["acc"]
         return b

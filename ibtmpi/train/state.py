@@ -96,6 +96,16 @@ class CheckpointState:
             self.deadline.ckpt_s = max(self.deadline.ckpt_s, w.seconds)
 
     def _manifest(self, k):
+        """Confirm checkpoint k: its manifest, once every metrics line up to
+        block k is written. While an evaluation is carried across the
+        waits (MasterReports._settle_eval) the lines behind it are not, so
+        the manifest waits for it (a resume from k finds lines 0..k)."""
+        if getattr(self, "_pending_eval", None) is not None:
+            self._deferred_manifests.append(k)
+            return
+        self._write_manifest(k)
+
+    def _write_manifest(self, k):
         world = 1 if self.simulate else mpi.world_size()
         ckpt.write_manifest(self.run_dir, k, {
             "config_hash": self.cfg_hash, "config": hashed_config(self.cfg),

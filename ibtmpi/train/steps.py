@@ -202,6 +202,7 @@ class BlockSteps:
         checkpoint is kept, and the exact command that resumes (or restarts)
         with a lower learning rate: lr and rho may change on a resume."""
         import shlex
+        self._finish_eval()      # a checkpoint confirmed behind it gets its manifest
         done = ckpt.complete(self.run_dir)
         kept = (f"the last good checkpoint {ckpt.ckpt_dir(self.run_dir, done[-1])} is kept"
                 if done else "no checkpoint was written before it (the rerun starts "

@@ -336,7 +336,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
                 self.opt.lr = self.lr_at(k)
                 p, b, diag = step_fn(k, self._work)
                 rec = self._record(k, p, b, diag, *self._block_times())
-                self._finish_eval()     # whatever the wait did not finish
+                self._settle_eval()     # what the wait did not finish, or carry it
                 images += rec["samples"]
                 if not np.isfinite(self.z).all():
                     raise self._diverged(k, "the consensus model z is not finite", "all")
@@ -389,7 +389,8 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
     def _maybe_checkpoint(self, k, last):
         every = self.cfg["run"]["checkpoint_every"] or self.sched.blocks_per_pass
         if (k + 1) % every == 0 or last or self.stop_agreed:
-            self._finish_eval()            # metrics line k before checkpoint k
+            if last or self.stop_agreed:     # (else its manifest waits for it)
+                self._finish_eval()
             tc = time.perf_counter()
             self._checkpoint(k)
             t1 = time.perf_counter()

@@ -360,3 +360,42 @@ def test_a_worker_waiting_for_a_slow_one_does_not_spin(dataset, monkeypatch):
         assert dur >= 0.1 * t.total_blocks, "worker 0 was meant to wait"
         assert cpu <= 0.15 * dur, f"worker 0 used {cpu:.3f} s of CPU in {dur:.3f} s of waiting"
     on_master(check)
+
+
+def test_a_long_evaluation_is_carried_across_waits_in_block_order(dataset, monkeypatch):
+    """A master of its own evaluates z in the waits for the workers; an
+    evaluation longer than a block (here 1 s in 20 slices) is carried into
+    the next blocks' waits, past the checkpoints of the pass ends, instead
+    of being finished between two blocks, where the workers would wait for
+    it: no block's wall time takes the evaluation, the metrics lines stay
+    in block order with the validation figures on the due blocks, every
+    checkpoint is confirmed, and z is that of the run with quick
+    evaluations."""
+    from ibtmpi import serial
+    extra = ("run.eval_every=12", "run.passes=6")
+    quick = Trainer(make_cfg(dataset, "ibt", extra=extra), log=lambda m: None)
+    quick.run()
+    real = serial.evaluate_steps
+
+    def slow(*a, **k):
+        for _ in real(*a, **k):
+            yield
+        for _ in range(20):
+            time.sleep(0.05)
+            yield
+    monkeypatch.setattr(serial, "evaluate_steps", slow)
+    t = Trainer(make_cfg(dataset, "ibt", extra=extra), log=lambda m: None)
+    t.run()
+    assert t.z.tobytes() == quick.z.tobytes()
+    if W.Get_rank() == 0:
+        lines = [json.loads(x) for x in open(os.path.join(t.run_dir, "metrics.jsonl"))]
+        assert [l["block"] for l in lines] == list(range(t.total_blocks))
+        due = [l["block"] for l in lines if "val_acc" in l]
+        assert due == [k for k in range(t.total_blocks)
+                       if (k + 1) % 12 == 0 or k + 1 == t.total_blocks]
+        walls = [l["wall_s"] for l in lines]
+        assert t.total_blocks > 24 and max(walls[:-1]) < 0.5, walls    # 1 s never in one
+        from ibtmpi import checkpoint as ckpt
+        bpp = t.sched.blocks_per_pass
+        assert ckpt.complete(t.run_dir) == [k for k in range(t.total_blocks)
+                                            if (k + 1) % bpp == 0 or k + 1 == t.total_blocks][-2:]

@@ -90,6 +90,7 @@ DEFAULTS = {
         "watchdog_s": "auto",    # abort a block running longer (MPI runs): auto =
                                  # max(60 s, 10x the slowest block so far); 0: off
         "cuda_aware": "auto",    # GPU workers: auto | on | off (device buffers to MPI)
+        "eval_device": "auto",   # the master's evaluation: auto | cpu | gpu
         "time_limit": "auto",    # stop with a checkpoint before it: auto (the Slurm
                                  # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
         "profile": False,        # cProfile every rank: RUN/profile-rank-R.txt/.pstats
@@ -330,6 +331,8 @@ def validate(cfg):
         (r["progress_s"] >= 0, "run.progress_s must be >= 0"),
         (r["resume"] in ("auto", "always", "never"),
          "run.resume must be auto, always or never"),
+        (r["eval_device"] in ("auto", "cpu", "gpu"),
+         f"run.eval_device must be auto, cpu or gpu, got {r['eval_device']!r}"),
         (r["cuda_aware"] in ("auto", "on", "off"),
          f"run.cuda_aware must be auto, on or off, got {r['cuda_aware']!r}"),
     ]
@@ -447,7 +450,7 @@ def hashed_config(cfg, legacy=False):
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
-                "early_stop", "early_stop_delta", "timeline"):
+                "early_stop", "early_stop_delta", "timeline", "eval_device"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
     o = c["optim"]

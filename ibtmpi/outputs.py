@@ -160,9 +160,8 @@ def save_model(path, z, model, ds, cfg, buffers=None):
     trained with and how files become its input (bands, band_scale)."""
     tmp = path + f".tmp-{os.getpid()}"
     more = {}
-    if model.n_buffers:
-        more["buffers"] = np.asarray(buffers if model.xp is np or isinstance(
-            buffers, np.ndarray) else model.device_ops.asnumpy(buffers), np.float32)
+    if model.n_buffers:                    # the caller's host copy
+        more["buffers"] = np.asarray(buffers, np.float32)
     with open(tmp, "wb") as f:
         np.savez(f, format=np.array("ibtmpi-model-1"), z=z, **more,
                  input_shape=np.array(model.input_shape, np.int64),

@@ -42,7 +42,7 @@ class MasterReports:
                     setattr(self, name, (sp.read_all(), sp.labels))
             h, w, c = self.ds.image_shape
             self.eval_model = Model(self.cfg["model"]["layers"], (c, h, w),
-                                    self.ds.n_classes)
+                                    self.ds.n_classes, ops=self._eval_ops())
         self.metrics_f = None
         self.history = []
         self.best = None                 # master: the best evaluation so far
@@ -119,6 +119,25 @@ class MasterReports:
             self.pending_change = None
         return rec
 
+    def _eval_ops(self):
+        """Where the master evaluates (run.eval_device): auto on the GPU
+        this rank has (a one-process GPU run's, or a master's of its own on
+        a GPU node: entry.py), else on the CPU; gpu where it has none is an
+        error. The logits agree with the CPU model's to float32 rounding
+        (different summation orders), so accuracies can differ by an image
+        whose top two logits tie within it."""
+        from ..config import ConfigError
+        ev = self.cfg["run"]["eval_device"]
+        ops = None if ev == "cpu" else self.eval_ops
+        if ev == "gpu" and ops is None:
+            raise ConfigError("run.eval_device = gpu, but the evaluating rank (rank 0) "
+                              "has no GPU; use auto or cpu")
+        return ops
+
+    def _host_params(self, a):
+        ops = self.eval_model.device_ops
+        return a if ops is None else ops.asnumpy(a)
+
     def _report_block(self, k, p, b, rec, last):
         """Master, after block k: the live reports, the evaluation of z
         (overlapped with the next block where a worker runs here too: no),
@@ -172,7 +191,8 @@ class MasterReports:
         (x, y) batch by batch, yielding in between, so the master can poll
         MPI; writes (loss, acc) into out."""
         from ..serial import evaluate_steps
-        np.copyto(self.eval_model.params, params)
+        m = self.eval_model
+        m.params[...] = params if m.device_ops is None else m.device_ops.asarray(params)
         self.eval_model.load_buffers(self.zbuf if buffers is None else buffers)
         return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
                               self.ds.std, out, batch)
@@ -467,8 +487,9 @@ class MasterReports:
         if b is None or eval_rank(rec) > eval_rank(b):
             self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
             if write and r["keep_best"]:
-                save_model(os.path.join(self.run_dir, BEST), self.eval_model.params,
-                           self.model, self.ds, self.cfg, self.eval_model.buffers)
+                save_model(os.path.join(self.run_dir, BEST),
+                           self._host_params(self.eval_model.params), self.model, self.ds,
+                           self.cfg, self._host_params(self.eval_model.buffers))
         d, ref = r["early_stop_delta"], self.ref
         if ref is None or (rec["val_acc"] > ref["val_acc"] + d if d else
                            eval_rank(rec) > eval_rank(ref)):

@@ -41,14 +41,15 @@ from .steps import BlockSteps
 
 
 class Trainer(BlockSteps, CheckpointState, MasterReports):
-    def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False):
+    def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False, eval_ops=None):
         """device_ops: a backend.GpuOps for the workers' compute (the master,
         which has no worker, always stays on the host). gpu_buffers (from
         backend.resolve_cuda_aware; real MPI runs with a GPU worker only):
         the worker hands its device buffer to a CUDA-aware Allreduce;
         otherwise that buffer is staged through pinned host memory. A GPU
         worker under MPI keeps its consensus state on the GPU either way
-        (device_state)."""
+        (device_state). eval_ops: the GPU a master of its own may evaluate
+        on (run.eval_device); a process with workers evaluates on theirs."""
         self.t_created = time.time()     # older error files are an earlier job's
         self.cfg, self.log = cfg, log
         d, r = cfg["data"], cfg["run"]
@@ -64,6 +65,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
                                d["split_size"] or (None if d["block_size"] else 512), n)
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
         self._wire_compute(device_ops, gpu_buffers)
+        self.eval_ops = eval_ops if eval_ops is not None else self.dev
         self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
                                       d["augment"], d["seed"], d["cache"])
                         for i in self.local}

@@ -71,7 +71,8 @@ def test_block_steps_never_read_the_loss_back_per_step(small_dataset, tmp_path):
         return load(None, [f"data.path={small_dataset}", "algorithm.name=ibt",
                            "data.split_size=40", "data.batch=16", "model.layers=tiny",
                            "run.passes=1", "run.quiet=true", f"run.dir={d}",
-                           "run.simulate=2", "run.threads=1"])
+                           "run.simulate=2", "run.threads=1",
+                           "run.eval_device=cpu"])   # evaluation reads its loss: not a step
     ops = GpuOps(cp=FakeCupy())
 
     def eager(*a, **k):
@@ -116,3 +117,38 @@ def test_step_grad_is_loss_and_grad_without_reading_back():
         assert got[1] == correct and got[0] == pytest.approx(loss_sum, rel=1e-6)
     with pytest.raises(ValueError, match=r"\(2, >= 8\) float64"):
         Model("tiny", (3, 16, 16), 5, ops=ops).step_grad(xs[0], ys[0], ops.cp.zeros((2, 4)))
+
+
+@pytest.mark.parametrize("where", ["auto", "cpu"])
+def test_eval_device_auto_evaluates_on_the_workers_gpu(small_dataset, tmp_path, where):
+    """run.eval_device: a one-process GPU run evaluates z on its GPU under
+    auto (the stand-in plays it), on the host under cpu; the evaluations
+    agree with the host run's to float32 rounding, and model-best.npz is
+    written from the device model."""
+    def cfg(d, *more):
+        return load(None, [f"data.path={small_dataset}", "algorithm.name=ibt",
+                           "data.split_size=40", "data.batch=16", "model.layers=resnet8",
+                           "run.passes=1", "run.quiet=true", f"run.dir={d}",
+                           "run.simulate=2", "run.threads=1", "run.eval_every=2",
+                           "run.keep_best=true", *more])
+    host = Trainer(cfg(tmp_path / "h"), log=lambda m: None)
+    host.run()
+    dev = Trainer(cfg(tmp_path / "d", f"run.eval_device={where}"), log=lambda m: None,
+                  device_ops=GpuOps(cp=FakeCupy()))
+    assert (dev.eval_model.device_ops is not None) == (where == "auto")
+    dev.run()
+    hv = [(h["block"], h["val_loss"]) for h in host.history if "val_loss" in h]
+    dv = [(h["block"], h["val_loss"]) for h in dev.history if "val_loss" in h]
+    assert [b for b, _ in hv] == [b for b, _ in dv] and len(hv) >= 2
+    np.testing.assert_allclose([v for _, v in dv], [v for _, v in hv], rtol=2e-3)
+    assert (tmp_path / "d" / "model-best.npz").exists()
+
+
+def test_eval_device_gpu_without_one_is_refused(small_dataset, tmp_path):
+    from ibtmpi.config import ConfigError
+    c = load(None, [f"data.path={small_dataset}", "model.layers=tiny", "run.quiet=true",
+                    f"run.dir={tmp_path / 'r'}", "run.eval_device=gpu"])
+    with pytest.raises(ConfigError, match="run.eval_device = gpu, but the evaluating rank"):
+        Trainer(c, log=lambda m: None)
+    with pytest.raises(ConfigError, match="run.eval_device must be auto, cpu or gpu"):
+        load(None, [f"data.path={small_dataset}", "run.eval_device=tpu"])

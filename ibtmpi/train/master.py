@@ -1,10 +1,8 @@
-"""Rank 0's side of a run: the overlapped evaluation, the block records and
-metrics lines, progress and the straggler / starvation / memory reports,
-the best model and early stop, the start and plan text, summary.json.
-
-The master evaluates z on the validation set batch by batch while it
-waits in the block's Allreduce (`_work`), so the evaluation overlaps the
-workers' compute. A mixin of train.trainer.Trainer.
+"""Rank 0's side of a run: the block records and metrics lines, progress
+and the straggler / starvation / memory reports, the start and plan text,
+summary.json. Its evaluation of z (batch by batch in the waits for the
+workers, carried across blocks), the best model and early stop are
+train/evaluation.py's. A mixin of train.trainer.Trainer.
 Tests: tests/unit/test_trainer.py, test_keep_best.py, test_stragglers.py,
 test_dry_run.py, test_status.py.
 """
@@ -21,13 +19,13 @@ from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory, timeline
 from ..model import Model
-from ..monitor import (MasterLate, Progress, Starved, Stragglers, eval_rank,
+from ..monitor import (MasterLate, Progress, Starved, Stragglers,
                        master_late_recent, master_late_text, oversubscription_text,
                        placement_text, ranges)
 from ..outputs import save_model
 from .plan import split_note
 
-BEST = "model-best.npz"
+from .evaluation import BEST
 
 
 class MasterReports:
@@ -119,25 +117,6 @@ class MasterReports:
             self.pending_change = None
         return rec
 
-    def _eval_ops(self):
-        """Where the master evaluates (run.eval_device): auto on the GPU
-        this rank has (a one-process GPU run's, or a master's of its own on
-        a GPU node: entry.py), else on the CPU; gpu where it has none is an
-        error. The logits agree with the CPU model's to float32 rounding
-        (different summation orders), so accuracies can differ by an image
-        whose top two logits tie within it."""
-        from ..config import ConfigError
-        ev = self.cfg["run"]["eval_device"]
-        ops = None if ev == "cpu" else self.eval_ops
-        if ev == "gpu" and ops is None:
-            raise ConfigError("run.eval_device = gpu, but the evaluating rank (rank 0) "
-                              "has no GPU; use auto or cpu")
-        return ops
-
-    def _host_params(self, a):
-        ops = self.eval_model.device_ops
-        return a if ops is None else ops.asnumpy(a)
-
     def _report_block(self, k, p, b, rec, last):
         """Master, after block k: the live reports, the evaluation of z
         (overlapped with the next block where a worker runs here too: no),
@@ -186,41 +165,6 @@ class MasterReports:
             for found in self.growth.pass_done(rec):
                 self.log(self._growth_text(p, *found))
 
-    def _eval_steps(self, data, params, out, batch=256, buffers=None):
-        """Generator: evaluates params (with buffers, z's by default) on
-        (x, y) batch by batch, yielding in between, so the master can poll
-        MPI; writes (loss, acc) into out."""
-        from ..serial import evaluate_steps
-        m = self.eval_model
-        m.params[...] = params if m.device_ops is None else m.device_ops.asarray(params)
-        self.eval_model.load_buffers(self.zbuf if buffers is None else buffers)
-        return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
-                              self.ds.std, out, batch)
-
-    def _work(self):
-        """The master's useful work while waiting: one batch of the pending
-        evaluation. Returns False when there is nothing to do."""
-        if self._pending_eval is None:
-            return False
-        c0, t0 = time.process_time(), time.perf_counter()
-        try:
-            next(self._pending_eval[1])
-            self.tl.span("evaluation", t0, time.perf_counter(), 0,
-                         block=self._pending_eval[0]["block"])
-            return True
-        except StopIteration:
-            self._emit(self._pending_eval[0], self._pending_eval[2])
-            self._pending_eval = None
-            queued, self._queued = self._queued, []
-            for rec in queued:
-                self._emit(rec, None)
-            deferred, self._deferred_manifests = self._deferred_manifests, []
-            for k in deferred:
-                self._write_manifest(k)
-            return False
-        finally:
-            self.eval_cpu += time.process_time() - c0
-
     def _end_timeline(self):
         """The run's last collective (_final_sync); with run.timeline every
         rank closes its file before it, so the master merges complete files
@@ -232,25 +176,6 @@ class MasterReports:
                                                     "algorithm": self.algo})
             self.log(f"timeline: {path} ({n} spans; open in https://ui.perfetto.dev "
                      f"or chrome://tracing)")
-
-    def _settle_eval(self):
-        """After a block: finish the pending evaluation, unless it may be
-        carried into the next blocks' waits. A master of its own carries
-        it (its batches run while it waits for the workers; the metrics
-        lines behind it wait for its line, so their order stays the block
-        order, and so do the manifests of checkpoints taken meanwhile:
-        CheckpointState._manifest), so a long evaluation never holds the
-        workers at the next Allreduce; not under run.early_stop, whose
-        decision must come at the block it always came at. The last block,
-        a stop and the next due evaluation finish it first."""
-        if self.local or self.cfg["run"]["early_stop"]:
-            self._finish_eval()
-
-    def _finish_eval(self):
-        if self._pending_eval is not None:
-            self.phase = "evaluation"
-            while self._work():
-                pass
 
     def plan(self):
         """--dry-run: the lines saying what the run would do (train/plan.py)."""
@@ -449,63 +374,6 @@ class MasterReports:
             if "val_acc" in rec:
                 msg += f", val acc {rec['val_acc']:.4f}"
             self.log(msg)
-
-    def _best_summary(self, summary):
-        """summary.json's "best": the block with the best val accuracy, and
-        its model's test accuracy (the final one's where that is the last)."""
-        b = dict(self.best)
-        path = os.path.join(self.run_dir, BEST)
-        if not (self.cfg["run"]["keep_best"] and os.path.exists(path)):
-            return b
-        b["file"] = path
-        if self.test is None:
-            return b
-        if b["block"] == self.total_blocks - 1:
-            b["test_loss"], b["test_acc"] = summary["test_loss"], summary["test_acc"]
-            return b
-        out = {}
-        with np.load(path) as f:
-            z = f["z"]
-            buffers = f["buffers"] if "buffers" in f.files else None   # its own statistics
-        for _ in self._eval_steps(self.test, z, out, buffers=buffers):
-            pass
-        b["test_loss"], b["test_acc"] = out["loss"], out["acc"]
-        return b
-
-    def _on_evaluation(self, rec, write=True):
-        """Master, at each evaluation (write=False: replaying those of a
-        resumed run): a z with higher val accuracy than every earlier one
-        (equal accuracy: lower val loss) is written to RUN/model-best.npz;
-        the evaluated z is the evaluation model's (the consensus has moved
-        on while the evaluation overlapped the next block). run.early_stop
-        counts the evaluations since the last one that was better than its
-        reference: the same order, or with run.early_stop_delta = d a val
-        accuracy higher by more than d (the reference is then the last
-        evaluation that was: small gains add up until together they clear d)."""
-        r = self.cfg["run"]
-        b = self.best
-        if b is None or eval_rank(rec) > eval_rank(b):
-            self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
-            if write and r["keep_best"]:
-                save_model(os.path.join(self.run_dir, BEST),
-                           self._host_params(self.eval_model.params), self.model, self.ds,
-                           self.cfg, self._host_params(self.eval_model.buffers))
-        d, ref = r["early_stop_delta"], self.ref
-        if ref is None or (rec["val_acc"] > ref["val_acc"] + d if d else
-                           eval_rank(rec) > eval_rank(ref)):
-            self.ref, self.since_ref = rec, 0
-            return
-        self.since_ref += 1
-        p = r["early_stop"]
-        if p and self.since_ref >= p and self.early is None:
-            # this evaluation may end while block k+1 runs, after k+1's
-            # flags went out: the stop rides on block k+2's flags, in every
-            # run alike (MPI, simulation, resumed), so it ends after k+2
-            than = (f"above {ref['val_acc']:.4f} + {d:g}" if d else
-                    f"better than {ref['val_acc']:.4f}")
-            self.early = (rec["block"] + 2, f"no val accuracy {than} (block "
-                          f"{ref['block']}) in {p} evaluations")
-
 
     def _growth_text(self, p, key, i, first, now):
         what = "peak RSS" if key == "peak_rss_mib" else "CuPy pool"

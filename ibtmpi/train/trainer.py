@@ -34,13 +34,14 @@ from ..model import Model
 from ..schedule import Schedule, split_size_for
 from . import lifecycle
 from .lifecycle import Deadline, Faults, Preempted
+from .evaluation import MasterEvaluation
 from .master import MasterReports
 from .packet import BlockPacket
 from .state import CheckpointState
 from .steps import BlockSteps
 
 
-class Trainer(BlockSteps, CheckpointState, MasterReports):
+class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
     def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False, eval_ops=None):
         """device_ops: a backend.GpuOps for the workers' compute (the master,
         which has no worker, always stays on the host). gpu_buffers (from

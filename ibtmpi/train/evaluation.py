@@ -1,0 +1,153 @@
+"""Rank 0's evaluation of z: where it runs (run.eval_device: the GPU the
+rank has, or the CPU), its batches interleaved with the waits for the
+workers (`_work`, called by comm.allreduce_sum while the master waits) and
+carried across as many blocks as it takes (`_settle_eval`; the metrics
+lines behind it and the manifest of a checkpoint taken meanwhile wait for
+its line), the best model it keeps and the early stop it decides.
+A mixin of train.trainer.Trainer, beside master.MasterReports (the records
+and reports) whose `_emit` writes the evaluated line.
+Tests: tests/unit/test_keep_best.py, test_device_path.py (eval_device),
+tests/mpi/test_trainer_mpi.py (the carried evaluation).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ..monitor import eval_rank
+from ..outputs import save_model
+
+BEST = "model-best.npz"
+
+
+class MasterEvaluation:
+    def _eval_ops(self):
+        """Where the master evaluates (run.eval_device): auto on the GPU
+        this rank has (a one-process GPU run's, or a master's of its own on
+        a GPU node: entry.py), else on the CPU; gpu where it has none is an
+        error. The logits agree with the CPU model's to float32 rounding
+        (different summation orders), so accuracies can differ by an image
+        whose top two logits tie within it."""
+        from ..config import ConfigError
+        ev = self.cfg["run"]["eval_device"]
+        ops = None if ev == "cpu" else self.eval_ops
+        if ev == "gpu" and ops is None:
+            raise ConfigError("run.eval_device = gpu, but the evaluating rank (rank 0) "
+                              "has no GPU; use auto or cpu")
+        return ops
+
+    def _host_params(self, a):
+        ops = self.eval_model.device_ops
+        return a if ops is None else ops.asnumpy(a)
+
+    def _eval_steps(self, data, params, out, batch=256, buffers=None):
+        """Generator: evaluates params (with buffers, z's by default) on
+        (x, y) batch by batch, yielding in between, so the master can poll
+        MPI; writes (loss, acc) into out."""
+        from ..serial import evaluate_steps
+        m = self.eval_model
+        m.params[...] = params if m.device_ops is None else m.device_ops.asarray(params)
+        self.eval_model.load_buffers(self.zbuf if buffers is None else buffers)
+        return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
+                              self.ds.std, out, batch)
+
+    def _work(self):
+        """The master's useful work while waiting: one batch of the pending
+        evaluation. Returns False when there is nothing to do."""
+        if self._pending_eval is None:
+            return False
+        c0, t0 = time.process_time(), time.perf_counter()
+        try:
+            next(self._pending_eval[1])
+            self.tl.span("evaluation", t0, time.perf_counter(), 0,
+                         block=self._pending_eval[0]["block"])
+            return True
+        except StopIteration:
+            self._emit(self._pending_eval[0], self._pending_eval[2])
+            self._pending_eval = None
+            queued, self._queued = self._queued, []
+            for rec in queued:
+                self._emit(rec, None)
+            deferred, self._deferred_manifests = self._deferred_manifests, []
+            for k in deferred:
+                self._write_manifest(k)
+            return False
+        finally:
+            self.eval_cpu += time.process_time() - c0
+
+    def _settle_eval(self):
+        """After a block: finish the pending evaluation, unless it may be
+        carried into the next blocks' waits. A master of its own carries
+        it (its batches run while it waits for the workers; the metrics
+        lines behind it wait for its line, so their order stays the block
+        order, and so do the manifests of checkpoints taken meanwhile:
+        CheckpointState._manifest), so a long evaluation never holds the
+        workers at the next Allreduce; not under run.early_stop, whose
+        decision must come at the block it always came at. The last block,
+        a stop and the next due evaluation finish it first."""
+        if self.local or self.cfg["run"]["early_stop"]:
+            self._finish_eval()
+
+    def _finish_eval(self):
+        if self._pending_eval is not None:
+            self.phase = "evaluation"
+            while self._work():
+                pass
+
+    def _best_summary(self, summary):
+        """summary.json's "best": the block with the best val accuracy, and
+        its model's test accuracy (the final one's where that is the last)."""
+        b = dict(self.best)
+        path = os.path.join(self.run_dir, BEST)
+        if not (self.cfg["run"]["keep_best"] and os.path.exists(path)):
+            return b
+        b["file"] = path
+        if self.test is None:
+            return b
+        if b["block"] == self.total_blocks - 1:
+            b["test_loss"], b["test_acc"] = summary["test_loss"], summary["test_acc"]
+            return b
+        out = {}
+        with np.load(path) as f:
+            z = f["z"]
+            buffers = f["buffers"] if "buffers" in f.files else None   # its own statistics
+        for _ in self._eval_steps(self.test, z, out, buffers=buffers):
+            pass
+        b["test_loss"], b["test_acc"] = out["loss"], out["acc"]
+        return b
+
+    def _on_evaluation(self, rec, write=True):
+        """Master, at each evaluation (write=False: replaying those of a
+        resumed run): a z with higher val accuracy than every earlier one
+        (equal accuracy: lower val loss) is written to RUN/model-best.npz;
+        the evaluated z is the evaluation model's (the consensus has moved
+        on while the evaluation overlapped the next block). run.early_stop
+        counts the evaluations since the last one that was better than its
+        reference: the same order, or with run.early_stop_delta = d a val
+        accuracy higher by more than d (the reference is then the last
+        evaluation that was: small gains add up until together they clear d)."""
+        r = self.cfg["run"]
+        b = self.best
+        if b is None or eval_rank(rec) > eval_rank(b):
+            self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
+            if write and r["keep_best"]:
+                save_model(os.path.join(self.run_dir, BEST),
+                           self._host_params(self.eval_model.params), self.model, self.ds,
+                           self.cfg, self._host_params(self.eval_model.buffers))
+        d, ref = r["early_stop_delta"], self.ref
+        if ref is None or (rec["val_acc"] > ref["val_acc"] + d if d else
+                           eval_rank(rec) > eval_rank(ref)):
+            self.ref, self.since_ref = rec, 0
+            return
+        self.since_ref += 1
+        p = r["early_stop"]
+        if p and self.since_ref >= p and self.early is None:
+            # this evaluation may end while block k+1 runs, after k+1's
+            # flags went out: the stop rides on block k+2's flags, in every
+            # run alike (MPI, simulation, resumed), so it ends after k+2
+            than = (f"above {ref['val_acc']:.4f} + {d:g}" if d else
+                    f"better than {ref['val_acc']:.4f}")
+            self.early = (rec["block"] + 2, f"no val accuracy {than} (block "
+                          f"{ref['block']}) in {p} evaluations")

@@ -413,6 +413,20 @@ class GpuOps:
             return a
         return self._into(y.transpose(1, 0, 2, 3) if acn else y, out)
 
+    # -- input ----------------------------------------------------------------------
+    def normalize_u8(self, x, scale, shift):
+        """data.normalize on the device (kernels/input.cu, bit for bit): x
+        uint8 (N, H, W, C), on the host (uploaded here as uint8: a quarter
+        of float32's bytes) or the device; scale, shift (C,) float32 on the
+        device. Returns (N, C, H, W) float32."""
+        cp = self.cp
+        xd = cp.ascontiguousarray(cp.asarray(x))
+        n, h, w, c = xd.shape
+        y = cp.empty((n, c, h, w), np.float32)
+        self._launch("input.cu", "normalize_u8", y.size, xd, y, scale, shift, np.int32(n),
+                     np.int32(h), np.int32(w), np.int32(c))
+        return y
+
     # -- linear, loss -----------------------------------------------------------
     def linear_forward(self, x, w, b, out=None):
         cp = self.cp

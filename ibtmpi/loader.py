@@ -39,12 +39,13 @@ def dihedral(images, ids):
 class WorkerData:
     def __init__(self, split, schedule, worker, mean, std, augment=False,
                  seed=0, cache="auto", cache_limit=2 * 2**30, prefetch=True,
-                 dtype=np.float32):
+                 dtype=np.float32, raw=False):
         if cache not in ("auto", "memory", "disk"):
             raise ValueError(f"data.cache must be auto, memory or disk, got {cache!r}")
         self.split, self.sched, self.worker = split, schedule, worker
         self.mean, self.std, self.dtype = mean, std, np.dtype(dtype)
         self.augment, self.seed = augment, seed
+        self.raw = raw           # uint8 (k, H, W, C) minibatches: a GPU normalises them
         s, e = schedule.ranges[worker]
         self.base = s
         row_bytes = int(np.prod(split._open()[0]["images"].shape[1:]))
@@ -62,7 +63,8 @@ class WorkerData:
         return self._orders[p]
 
     def load(self, p, b):
-        """[(x (k, C, H, W) float, y (k,) int64)] for pass p, block b."""
+        """[(x (k, C, H, W) float, y (k,) int64)] for pass p, block b; with
+        raw, x is the (augmented) uint8 (k, H, W, C) images instead."""
         mbs = self.sched.minibatches(self.worker, p, b, self._order(p))
         idx = np.concatenate(mbs) if mbs else np.zeros(0, np.int64)
         if self.mem is not None:
@@ -76,8 +78,9 @@ class WorkerData:
         out, at = [], 0
         for mb in mbs:
             k = len(mb)
-            out.append((normalize(imgs[at:at + k], self.mean, self.std,
-                                  dtype=self.dtype), labels[at:at + k]))
+            x = imgs[at:at + k] if self.raw else normalize(imgs[at:at + k], self.mean,
+                                                           self.std, dtype=self.dtype)
+            out.append((x, labels[at:at + k]))
             at += k
         return out
 

@@ -261,8 +261,30 @@ class Model:
             raise TypeError(f"model is {self.dtype}, input is {x.dtype}; "
                             f"convert explicitly")
 
+    def set_input_norm(self, mean, std):
+        """The data set's per-channel mean and std, for uint8 (N, H, W, C)
+        input: forward then normalises it as data.normalize does (on a
+        device with kernels/input.cu after uploading the uint8 bytes)."""
+        scale = (1.0 / np.asarray(std, np.float64)).astype(self.dtype)
+        shift = (-np.asarray(mean, np.float64) / np.asarray(std, np.float64)).astype(self.dtype)
+        self.input_norm = (mean, std, scale, shift)
+        if self.device_ops is not None:
+            self._norm_d = (self.device_ops.asarray(scale), self.device_ops.asarray(shift))
+
+    def _from_u8(self, x):
+        if getattr(self, "input_norm", None) is None:
+            raise TypeError("uint8 input needs the data's mean and std: set_input_norm")
+        if self.device_ops is None:
+            from .data import normalize
+            return normalize(x, self.input_norm[0], self.input_norm[1], dtype=self.dtype)
+        return self.device_ops.normalize_u8(x, *self._norm_d)
+
     def forward(self, x, train=False):
-        """logits (N, K); valid until the next forward call."""
+        """logits (N, K); valid until the next forward call. x: (N, C, H, W)
+        in the model's dtype, or uint8 (N, H, W, C) images once
+        set_input_norm has been called."""
+        if x.dtype == np.uint8:
+            x = self._from_u8(x)
         if self.xp is not np and isinstance(x, np.ndarray):
             x = self.xp.asarray(x)                  # host batch -> device
         self._check_input(x)

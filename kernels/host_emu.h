@@ -26,6 +26,9 @@ static dim3 blockDim, gridDim;
 #define __syncthreads() static_assert(false, "__syncthreads cannot be emulated by the thread loop")
 
 static inline float atomicAdd(float* addr, float v) { float old = *addr; *addr += v; return old; }
+// round-to-nearest single operations (no contraction into a fused multiply-add)
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline int atomicAdd(int* addr, int v) { int old = *addr; *addr += v; return old; }
 using std::min;
 using std::max;

@@ -67,9 +67,13 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
         self._wire_compute(device_ops, gpu_buffers)
         self.eval_ops = eval_ops if eval_ops is not None else self.dev
+        # GPU workers get uint8 minibatches (a quarter of the bytes to
+        # upload) and normalise them on the device (kernels/input.cu)
         self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
-                                      d["augment"], d["seed"], d["cache"])
+                                      d["augment"], d["seed"], d["cache"],
+                                      raw=self.dev is not None)
                         for i in self.local}
+        self.model.set_input_norm(self.ds.mean, self.ds.std)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
         self.lr_at = optim.LrSchedule(cfg["optim"], self.sched.blocks_per_pass, r["passes"])
         self.z = (np.array(self._host(self.model.params)) if self.A.per_step

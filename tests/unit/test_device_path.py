@@ -152,3 +152,33 @@ def test_eval_device_gpu_without_one_is_refused(small_dataset, tmp_path):
         Trainer(c, log=lambda m: None)
     with pytest.raises(ConfigError, match="run.eval_device must be auto, cpu or gpu"):
         load(None, [f"data.path={small_dataset}", "run.eval_device=tpu"])
+
+
+def test_gpu_workers_upload_uint8_minibatches(small_dataset, tmp_path):
+    """GPU workers get their minibatches as uint8 images (a quarter of the
+    float32 bytes to upload) and normalise them on the device: every local
+    step's batch goes through normalize_u8, and the run equals the one whose
+    minibatches were normalised on the host (bit for bit: the kernel is
+    data.normalize's arithmetic)."""
+    ops = GpuOps(cp=FakeCupy())
+    calls = []
+    real = ops.normalize_u8
+    ops.normalize_u8 = lambda x, *a: (calls.append(x.dtype), real(x, *a))[1]
+    c = load(None, [f"data.path={small_dataset}", "algorithm.name=ibt", "data.split_size=40",
+                    "data.batch=16", "model.layers=tiny", "run.passes=0.5", "run.quiet=true",
+                    f"run.dir={tmp_path / 'u8'}", "run.simulate=2", "run.threads=1",
+                    "run.eval_device=cpu"])
+    t = Trainer(c, log=lambda m: None, device_ops=ops)
+    assert all(ld.raw for ld in t.loaders.values())
+    t.run()
+    steps = sum(len(mb) for ld in t.loaders.values() for mb in [ld.load(0, 0)])
+    assert calls and set(calls) == {np.dtype(np.uint8)} and len(calls) >= steps
+    c2 = load(None, [f"data.path={small_dataset}", "algorithm.name=ibt", "data.split_size=40",
+                     "data.batch=16", "model.layers=tiny", "run.passes=0.5", "run.quiet=true",
+                     f"run.dir={tmp_path / 'f32'}", "run.simulate=2", "run.threads=1",
+                     "run.eval_device=cpu"])
+    t2 = Trainer(c2, log=lambda m: None, device_ops=GpuOps(cp=FakeCupy()))
+    for ld in t2.loaders.values():
+        ld.raw = False                       # the float32 batches of before
+    t2.run()
+    assert t.z.tobytes() == t2.z.tobytes()

@@ -21,8 +21,8 @@ GRIDS = [(1, 1), (3, 7), (64, 128)]
 
 
 def test_all_sources_present():
-    assert sorted(CU) == ["activation.cu", "conv.cu", "norm.cu", "optim.cu", "pool.cu",
-                          "softmax_xent.cu"]
+    assert sorted(CU) == ["activation.cu", "conv.cu", "input.cu", "norm.cu", "optim.cu",
+                          "pool.cu", "softmax_xent.cu"]
 
 
 @pytest.mark.parametrize("arch", kc.ARCHS)
@@ -386,3 +386,18 @@ def test_adam_update_kernel_matches_reference_and_adam_class(mods, grid, decoupl
     adam_update(one, grads[0], np.zeros(P, np.float32), np.zeros(P, np.float32), c, u,
                 lr, b1, b2, eps, wd, rho, 1 - b1, 1 - b2, decoupled, prox)
     assert cw.tobytes() == one.tobytes()
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("shape", [(3, 5, 4, 3), (2, 6, 7, 4), (1, 3, 3, 13)])
+def test_normalize_u8_is_data_normalize_bitwise(mods, grid, shape):
+    from ibtmpi.data import normalize
+    n, h, w, c = shape
+    x = RNG.integers(0, 256, shape).astype(np.uint8)
+    mean = RNG.random(c) * 200 + 10
+    std = RNG.random(c) * 60 + 5
+    scale = (1.0 / std).astype(np.float32)
+    shift = (-mean / std).astype(np.float32)
+    y = np.empty((n, c, h, w), np.float32)
+    mods["input"].normalize_u8(*grid, x, y, scale, shift, n, h, w, c)
+    assert y.tobytes() == normalize(x, mean, std).tobytes()

@@ -383,3 +383,22 @@ def test_device_adam_is_one_launch_a_step_equal_to_the_host_class(g, cls):
     assert g.on_device(fresh.m) and not g.on_device(fresh.t)
     assert fresh.t.tolist() == [len(grads) + 1]
     assert g.asnumpy(fresh.v).tobytes() == saved["v"].tobytes()
+
+
+def test_normalize_u8_launcher_uploads_uint8_and_is_data_normalize(g):
+    """A uint8 (N, H, W, C) host batch goes up as uint8 and comes out as
+    data.normalize's float32 (N, C, H, W), bit for bit; a model with
+    set_input_norm takes the uint8 batch as it takes the float one."""
+    from ibtmpi.data import normalize
+    from ibtmpi.model import Model
+    x = RNG.integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
+    mean, std = np.array([120.0, 110.0, 100.0]), np.array([60.0, 55.0, 50.0])
+    scale = g.asarray((1.0 / std).astype(np.float32))
+    shift = g.asarray((-mean / std).astype(np.float32))
+    y = g.normalize_u8(x, scale, shift)
+    assert g.asnumpy(y).tobytes() == normalize(x, mean, std).tobytes()
+    m = Model("tiny", (3, 8, 8), 5, ops=g)
+    m.set_input_norm(mean, std)
+    a = g.asnumpy(m.forward(x, train=False)).copy()
+    b = g.asnumpy(m.forward(normalize(x, mean, std), train=False))
+    assert a.tobytes() == b.tobytes()

@@ -2,6 +2,8 @@
 import json
 import os
 
+import pytest
+
 from ibtmpi.cli import main
 from ibtmpi.config import load
 from ibtmpi.train import Trainer
@@ -55,8 +57,24 @@ def test_report_tables_plots_and_targets(small_dataset, tmp_path, capsys):
     assert "Oversubscribed: its CPU workers had a core" in md
     rep = json.load(open(out / "report.json"))
     assert {r["name"] for r in rep["runs"]} == {os.path.basename(r) for r in runs}
-    for f in ("t4_val_accuracy.png", "t5_residuals_rho.png"):
+    for f in ("t4_val_accuracy.png", "t5_residuals_rho.png", "t7_time_to_accuracy.png"):
         assert (out / f).stat().st_size > 2000
+    # T7: time to 99% of N = 1's final val accuracy, from the metrics lines
+    from ibtmpi import bench
+    base = [json.loads(line) for line in open(tmp_path / "t1-sgd-1" / "metrics.jsonl")]
+    target = 0.99 * [l["val_acc"] for l in base if "val_acc" in l][-1]
+    assert f"## T7: time to 99% of N = 1's final validation accuracy ({target:.4f})" in md
+    t, k = 0.0, None
+    for line in m:
+        t += line["wall_s"]
+        if line.get("val_acc") is not None and line["val_acc"] >= target:
+            k = line
+            break
+    hit = bench.time_to_accuracy(bench.load_run(str(tmp_path / "t1-ibt-2")), target)
+    if k is None:
+        assert hit is None and "| t1-ibt-2 | ibt | 2 |" in md and "not reached" in md
+    else:
+        assert hit[0] == pytest.approx(t) and f"| {hit[0]:.1f} | simulated" in md
     assert main(["bench", "report", str(tmp_path / "nothing"), "--out", str(out)]) == 2
 
 

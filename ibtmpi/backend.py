@@ -175,13 +175,14 @@ class GpuOps:
     def im2col(self, x, kh, kw, stride, pad, out=None, ws=None):
         from .ops import conv_out_size
         cp = self.cp
-        x = cp.ascontiguousarray(x)
+        base, cnhw = self._layout(x)       # a (C, N, H, W) buffer is read where it lies
         n, c, h, w = x.shape
         ho, wo = conv_out_size(h, kh, stride, pad), conv_out_size(w, kw, stride, pad)
         col = cp.empty((c * kh * kw, n * ho * wo), x.dtype)
-        self._launch("conv.cu", "im2col", col.size, x, col, np.int32(n), np.int32(c),
+        self._launch("conv.cu", "im2col", col.size, base, col, np.int32(n), np.int32(c),
                      np.int32(h), np.int32(w), np.int32(kh), np.int32(kw),
-                     np.int32(stride), np.int32(pad), np.int32(ho), np.int32(wo))
+                     np.int32(stride), np.int32(pad), np.int32(ho), np.int32(wo),
+                     np.int32(cnhw))
         return self._into(col, out)
 
     def col2im(self, col, x_shape, kh, kw, stride, pad, out=None, ws=None):
@@ -308,18 +309,32 @@ class GpuOps:
         return out
 
     def relu_forward(self, x, out=None):
+        """Elementwise, so x is read where it lies: NCHW or a (C, N, H, W)
+        buffer (a batchnorm's output), in place when out is x."""
         cp = self.cp
-        xc = cp.ascontiguousarray(x)
-        res = xc if (out is x and xc is x) else cp.empty_like(xc)
-        self._launch("activation.cu", "relu_fwd", xc.size, xc, res, np.int64(xc.size))
-        return self._into(res, out)
+        base, cnhw = self._layout(x)
+        inplace = out is x and (cnhw or x.flags.c_contiguous)
+        res = base if inplace else cp.empty_like(base)
+        self._launch("activation.cu", "relu_fwd", base.size, base, res, np.int64(base.size))
+        if inplace:
+            return x
+        return self._into(res.transpose(1, 0, 2, 3) if cnhw else res, out)
 
     def relu_backward(self, dy, y, out=None):
+        """dy and y in either layout (y is brought to dy's if they differ);
+        in place when out is dy."""
         cp = self.cp
-        dyc, yc = cp.ascontiguousarray(dy), cp.ascontiguousarray(y)
-        res = dyc if (out is dy and dyc is dy) else cp.empty_like(dyc)
-        self._launch("activation.cu", "relu_bwd", dyc.size, dyc, yc, res, np.int64(dyc.size))
-        return self._into(res, out)
+        dbase, dcn = self._layout(dy)
+        ybase, ycn = self._layout(y)
+        if ycn != dcn:
+            ybase = cp.ascontiguousarray(y.transpose(1, 0, 2, 3) if dcn else y)
+        inplace = out is dy and (dcn or dy.flags.c_contiguous)
+        res = dbase if inplace else cp.empty_like(dbase)
+        self._launch("activation.cu", "relu_bwd", dbase.size, dbase, ybase, res,
+                     np.int64(dbase.size))
+        if inplace:
+            return dy
+        return self._into(res.transpose(1, 0, 2, 3) if dcn else res, out)
 
     # -- batch norm, global average pool, residual sum ----------------------------
     def _layout(self, x):

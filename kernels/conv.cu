@@ -4,13 +4,15 @@
 // The GEMMs themselves go through cuBLAS (cupy.matmul).
 // All loops are grid-stride, so any launch geometry is correct.
 
-// x (N, C, H, W) contiguous -> col (C*kh*kw, N*Ho*Wo).
+// x (N, C, H, W) contiguous, or with cnhw the (C, N, H, W) buffer a conv,
+// batchnorm or residual block writes (read where it lies, no transpose
+// copy) -> col (C*kh*kw, N*Ho*Wo).
 // Flat index idx = row * M + m with M = N*Ho*Wo,
 //   row = (c*kh + i)*kw + j,  m = (n*Ho + ho)*Wo + wo,
 //   col = x[n, c, ho*stride + i - pad, wo*stride + j - pad] (0 in the padding).
 extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict__ col,
                                   int N, int C, int H, int W, int kh, int kw,
-                                  int stride, int pad, int Ho, int Wo)
+                                  int stride, int pad, int Ho, int Wo, int cnhw)
 {
     const long long M = (long long)N * Ho * Wo;
     const long long total = (long long)C * kh * kw * M;
@@ -24,8 +26,9 @@ extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict
         const int ho = (int)((m / Wo) % Ho);
         const int n = (int)(m / ((long long)Wo * Ho));
         const int h = ho * stride + i - pad, w = wo * stride + j - pad;
+        const long long plane = cnhw ? (long long)c * N + n : (long long)n * C + c;
         col[idx] = (h >= 0 && h < H && w >= 0 && w < W)
-                       ? x[(((long long)n * C + c) * H + h) * W + w] : 0.0f;
+                       ? x[(plane * H + h) * W + w] : 0.0f;
     }
 }
 

@@ -84,8 +84,13 @@ def test_im2col_col2im(mods, g, grid):
     ho, wo = ops.conv_out_size(h, k, s, p), ops.conv_out_size(w, k, s, p)
     x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
     col = np.full((c * k * k, n * ho * wo), np.nan, np.float32)
-    mods["conv"].im2col(*grid, x, col, n, c, h, w, k, k, s, p, ho, wo)
+    mods["conv"].im2col(*grid, x, col, n, c, h, w, k, k, s, p, ho, wo, 0)
     np.testing.assert_array_equal(col, ops.im2col(x, k, k, s, p))
+    # the same input as a (C, N, H, W) buffer, read where it lies
+    col2 = np.full_like(col, np.nan)
+    mods["conv"].im2col(*grid, np.ascontiguousarray(x.transpose(1, 0, 2, 3)), col2, n, c,
+                        h, w, k, k, s, p, ho, wo, 1)
+    np.testing.assert_array_equal(col2, col)
     dcol = RNG.standard_normal(col.shape).astype(np.float32)
     dx = np.full(x.shape, np.nan, np.float32)
     mods["conv"].col2im(*grid, dcol, dx, n, c, h, w, k, k, s, p, ho, wo)

@@ -324,10 +324,7 @@ class GpuOps:
         """dy and y in either layout (y is brought to dy's if they differ);
         in place when out is dy."""
         cp = self.cp
-        dbase, dcn = self._layout(dy)
-        ybase, ycn = self._layout(y)
-        if ycn != dcn:
-            ybase = cp.ascontiguousarray(y.transpose(1, 0, 2, 3) if dcn else y)
+        dbase, dcn, ybase = self._pair(dy, y)
         inplace = out is dy and (dcn or dy.flags.c_contiguous)
         res = dbase if inplace else cp.empty_like(dbase)
         self._launch("activation.cu", "relu_bwd", dbase.size, dbase, ybase, res,
@@ -344,6 +341,16 @@ class GpuOps:
         if is_cnhw(x):
             return x.transpose(1, 0, 2, 3), 1
         return self.cp.ascontiguousarray(x), 0
+
+    def _pair(self, a, b):
+        """(a's memory, a's cnhw, b's memory in a's layout) for an
+        elementwise kernel over both: b is copied only where its layout
+        differs."""
+        abase, acn = self._layout(a)
+        bbase, bcn = self._layout(b)
+        if bcn != acn:
+            bbase = self.cp.ascontiguousarray(b.transpose(1, 0, 2, 3) if acn else b)
+        return abase, acn, bbase
 
     def _channel_sums(self, x, a, mean, C, M, HW, cnhw, mode, out):
         """out (C,) = per-channel sums of bn_partial's term (mode 0: x, 1:
@@ -417,10 +424,7 @@ class GpuOps:
         layout; in place when out is a; b is brought to a's layout if it
         has another."""
         cp = self.cp
-        ab, acn = self._layout(a)
-        bb, bcn = self._layout(b)
-        if bcn != acn:
-            bb = cp.ascontiguousarray(b.transpose(1, 0, 2, 3) if acn else b)
+        ab, acn, bb = self._pair(a, b)
         inplace = out is a and (acn or a.flags.c_contiguous)
         y = ab if inplace else cp.empty_like(ab)
         self._launch("activation.cu", "add_relu_fwd", y.size, ab, bb, y, np.int64(y.size))

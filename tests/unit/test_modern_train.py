@@ -2,7 +2,6 @@
 is bitwise exact for z AND the running statistics; the model file,
 checkpoints, evaluate, model.init and the ONNX export carry the statistics
 (onnxruntime against our own forward); a file without them is refused."""
-import json
 import os
 import zipfile
 

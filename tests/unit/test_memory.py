@@ -74,7 +74,10 @@ def test_gpu_pool_figure_is_the_pools_high_water(small_dataset, tmp_path):
     cfg = load(None, [f"data.path={small_dataset}", "algorithm.name=ibt",
                       "data.split_size=40", "data.batch=16", "model.layers=tiny",
                       "run.passes=0.5", "run.quiet=true", f"run.dir={tmp_path / 'd'}",
-                      "run.simulate=2", "run.threads=1"])
+                      "run.simulate=2", "run.threads=1",
+                      # the workers' figure: an evaluation on the device after
+                      # the last block would add to the pool
+                      "run.eval_device=cpu"])
     t = Trainer(cfg, log=lambda m: None, device_ops=GpuOps(cp=FakeCupy()))
     t.run()
     recs = lines(tmp_path / "d")

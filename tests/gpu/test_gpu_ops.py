@@ -179,3 +179,69 @@ def test_device_consensus_is_bitwise_the_host_consensus(g, algo, acfg):
             dev.worker_end(ds[i], None)
             if hs[i].u is not None:
                 assert g.asnumpy(ds[i].u).tobytes() == hs[i].u.tobytes()
+
+
+@pytest.mark.parametrize("cnhw", [False, True])
+@pytest.mark.parametrize("shape", [(8, 16, 32, 32), (64, 64, 8, 8), (3, 5, 7, 9)])
+def test_batchnorm(g, cnhw, shape):
+    """Train and eval forward (running statistics moved in place) and the
+    backward against ops.batchnorm_*; bitwise the same on a second run
+    (fixed-order sums, no atomics)."""
+    n, c, h, w = shape
+    x = (RNG.standard_normal(shape) * 2 + 0.5).astype(np.float32)
+    xd = (g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+          if cnhw else g.asarray(x))
+    gamma = RNG.standard_normal(c).astype(np.float32)
+    beta = RNG.standard_normal(c).astype(np.float32)
+    for train in (True, False):
+        rm, rv = np.full(c, 0.2, np.float32), np.full(c, 1.5, np.float32)
+        drm, drv = g.asarray(rm), g.asarray(rv)
+        y, xhat, inv = g.batchnorm_forward(xd, g.asarray(gamma), g.asarray(beta), drm, drv,
+                                           train)
+        ry, rxhat, rinv = ops.batchnorm_forward(x, gamma, beta, rm, rv, train)
+        close(y, ry, g, 1e-4)
+        close(drm, rm, g)
+        close(drv, rv, g)
+    dy = RNG.standard_normal(shape).astype(np.float32)
+    outs = []
+    for _ in range(2):
+        dg, db = g.cp.empty(c, np.float32), g.cp.empty(c, np.float32)
+        dx = g.batchnorm_backward(g.asarray(dy), xhat, inv, g.asarray(gamma), dg, db)
+        outs.append(g.asnumpy(dx).tobytes() + g.asnumpy(dg).tobytes())
+    assert outs[0] == outs[1]
+    rdg, rdb = np.empty(c, np.float32), np.empty(c, np.float32)
+    rdx = ops.batchnorm_backward(dy, rxhat, rinv, gamma, rdg, rdb)
+    close(dg, rdg, g, 1e-3)
+    close(db, rdb, g, 1e-3)
+    close(dx, rdx, g, 1e-3)
+
+
+def test_gap_add_relu_and_input_normalisation(g):
+    from ibtmpi.data import normalize
+    x = RNG.standard_normal((4, 8, 6, 5)).astype(np.float32)
+    close(g.gap_forward(g.asarray(x)), ops.gap_forward(x), g)
+    dy = RNG.standard_normal((4, 8)).astype(np.float32)
+    close(g.gap_backward(g.asarray(dy), x.shape), ops.gap_backward(dy, x.shape), g)
+    b = RNG.standard_normal(x.shape).astype(np.float32)
+    a = g.asarray(x)
+    g.add_relu_forward(a, g.asarray(b), out=a)
+    close(a, ops.add_relu_forward(x, b, np.empty_like(x)), g, 0)
+    u8 = RNG.integers(0, 256, (5, 16, 16, 3)).astype(np.uint8)
+    mean, std = np.array([110.0, 120.0, 130.0]), np.array([50.0, 60.0, 70.0])
+    y = g.normalize_u8(u8, g.asarray((1 / std).astype(np.float32)),
+                       g.asarray((-mean / std).astype(np.float32)))
+    assert g.asnumpy(y).tobytes() == normalize(u8, mean, std).tobytes()   # no FMA
+
+
+def test_resnet8_step_matches_the_numpy_engine(g):
+    from ibtmpi.model import Model
+    x = RNG.standard_normal((16, 3, 32, 32)).astype(np.float32)
+    y = RNG.integers(0, 5, 16)
+    host = Model("resnet8", (3, 32, 32), 5, seed=3)
+    dev = Model("resnet8", (3, 32, 32), 5, seed=3, ops=g)
+    host.loss_and_grad(x, y)
+    dev.loss_and_grad(x, y)
+    np.testing.assert_allclose(g.asnumpy(dev.grads), host.grads, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(g.asnumpy(dev.buffers), host.buffers, rtol=1e-4, atol=1e-5)
+    del dev                    # later tests read the pool's figure: leave it as found
+    g.cp.get_default_memory_pool().free_all_blocks()

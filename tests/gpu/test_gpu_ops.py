@@ -182,11 +182,14 @@ def test_device_consensus_is_bitwise_the_host_consensus(g, algo, acfg):
 
 
 @pytest.mark.parametrize("cnhw", [False, True])
-@pytest.mark.parametrize("shape", [(8, 16, 32, 32), (64, 64, 8, 8), (3, 5, 7, 9)])
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 5, 7, 9), (64, 64, 8, 8),
+                                   (8, 16, 32, 32)])
 def test_batchnorm(g, cnhw, shape):
     """Train and eval forward (running statistics moved in place) and the
-    backward against ops.batchnorm_*; bitwise the same on a second run
-    (fixed-order sums, no atomics)."""
+    backward against ops.batchnorm_*, for per-channel counts M that take
+    one, two and three fixed-order passes; bitwise the same on a second run
+    (no atomics). On the CPU this runs through the CuPy stand-in
+    (tests/unit/test_gpu_suite_on_stand_in.py)."""
     n, c, h, w = shape
     x = (RNG.standard_normal(shape) * 2 + 0.5).astype(np.float32)
     xd = (g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)

@@ -258,37 +258,6 @@ def test_fused_pool_is_bitwise_the_unfused_layers(g):
     assert g.asnumpy(fused.grads).tobytes() == g.asnumpy(plain.grads).tobytes()
 
 
-@pytest.mark.parametrize("cnhw", [False, True])
-@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 2, 9, 9), (8, 3, 16, 16)])
-def test_batchnorm_launchers_match_the_numpy_op(g, cnhw, shape):
-    """Forward (train and eval, running statistics moved in place) and
-    backward through the stand-in, against ops.batchnorm_*; shapes whose
-    per-channel count M needs one, two and three fixed-order passes."""
-    n, c, h, w = shape
-    x = (RNG.standard_normal(shape) * 2 + 0.3).astype(np.float32)
-    dx_ = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3) \
-        if cnhw else g.asarray(x)
-    gamma = RNG.standard_normal(c).astype(np.float32)
-    beta = RNG.standard_normal(c).astype(np.float32)
-    for train in (True, False):
-        rm, rv = np.zeros(c, np.float32) + 0.2, np.ones(c, np.float32) * 1.5
-        drm, drv = g.asarray(rm), g.asarray(rv)
-        y, xhat, inv = g.batchnorm_forward(dx_, g.asarray(gamma), g.asarray(beta), drm, drv,
-                                           train)
-        ry, rxhat, rinv = ops.batchnorm_forward(x, gamma, beta, rm, rv, train)
-        _close(y, ry, g, rtol=1e-4, atol=1e-5)
-        _close(drm, rm, g, rtol=1e-5, atol=1e-6)
-        _close(drv, rv, g, rtol=1e-5, atol=1e-6)
-    dy = RNG.standard_normal(shape).astype(np.float32)
-    dg, db = g.cp.empty(c, np.float32), g.cp.empty(c, np.float32)
-    dxd = g.batchnorm_backward(g.asarray(dy), xhat, inv, g.asarray(gamma), dg, db)
-    rdg, rdb = np.empty(c, np.float32), np.empty(c, np.float32)
-    rdx = ops.batchnorm_backward(dy, rxhat, rinv, gamma, rdg, rdb)
-    _close(dg, rdg, g, rtol=1e-4, atol=1e-4)
-    _close(db, rdb, g, rtol=1e-4, atol=1e-4)
-    _close(dxd, rdx, g, rtol=1e-4, atol=1e-4)
-
-
 def test_gap_and_add_relu_launchers(g):
     x = RNG.standard_normal((3, 4, 5, 6)).astype(np.float32)
     xc = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)

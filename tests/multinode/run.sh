@@ -184,25 +184,7 @@ slurm_part() {
     cat > "$SLURM_CONF" <<CONF
 ClusterName=ibtmn
 SlurmctldHost=$(hostname -s)($NET.254)
-AuthType=auth/munge
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$WORK/state
-SlurmdSpoolDir=$WORK/spool-%n
-SlurmctldPidFile=$WORK/slurmctld.pid
-SlurmdPidFile=$WORK/slurmd-%n.pid
-SlurmctldLogFile=$WORK/slurmctld.log
-SlurmdLogFile=$WORK/slurmd-%n.log
-MailProg=/bin/true
-MpiDefault=none
-JobRequeue=1
-FirstJobId=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000 ))
+$(slurm_conf_common "$WORK")
 NodeName=node[1-$NODES] NodeAddr=$NET.[1-$NODES] Sockets=1 CoresPerSocket=1 ThreadsPerCore=1 State=UNKNOWN
 PartitionName=mn Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP
 CONF

@@ -32,33 +32,12 @@ munge_start
 
 HOST=$(hostname -s)
 CPUS=$(nproc)
-mkdir -p "$T/state" "$T/spool"
+mkdir -p "$T/state" "$T/spool-$HOST"
 cat > "$SLURM_CONF" <<CONF
 ClusterName=ibtmpici
 SlurmctldHost=$HOST
-AuthType=auth/munge
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation=$T/state
-SlurmdSpoolDir=$T/spool
-SlurmctldPidFile=$T/slurmctld.pid
-SlurmdPidFile=$T/slurmd.pid
-SlurmctldLogFile=$T/slurmctld.log
-SlurmdLogFile=$T/slurmd.log
-MailProg=/bin/true
-MpiDefault=none
-JobRequeue=1
+$(slurm_conf_common "$T")
 KillWait=10
-# Fresh job ids per CI cluster: MPICH names its shared memory after the PMI
-# job/step, and a stale segment of a killed "job 2" from an earlier cluster
-# would make a new job 2 hang in MPI_Init.
-FirstJobId=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000 ))   # < MaxJobId
 NodeName=$HOST Sockets=1 CoresPerSocket=$CPUS ThreadsPerCore=1 State=UNKNOWN
 PartitionName=ci Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 CONF

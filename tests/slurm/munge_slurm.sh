@@ -4,6 +4,9 @@
 # munge_start: munge's directories and key, munged started as the munge
 # user unless one runs; sets STARTED_MUNGE=1 when it started it (the
 # caller stops it then, with munge_stop); it answers when this returns 0.
+# slurm_conf_common DIR: the slurm.conf lines both CI clusters share (root
+# daemons, munge, no cgroups, requeue, a fresh first job id); DIR holds the
+# state, spool (%n: per node), pid and log files.
 
 slurm_install() {
     if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
@@ -39,4 +42,32 @@ munge_start() {
     for _ in $(seq 1 100); do munge_up && return 0; sleep 0.1; done
     echo "munged did not come up: $(tail -3 /var/log/munge/munged.log 2>/dev/null)" >&2
     return 1
+}
+
+slurm_conf_common() {
+    local d=$1
+    cat <<CONF
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$d/state
+SlurmdSpoolDir=$d/spool-%n
+SlurmctldPidFile=$d/slurmctld.pid
+SlurmdPidFile=$d/slurmd-%n.pid
+SlurmctldLogFile=$d/slurmctld.log
+SlurmdLogFile=$d/slurmd-%n.log
+MailProg=/bin/true
+MpiDefault=none
+JobRequeue=1
+# Fresh job ids per CI cluster: MPICH names its shared memory after the PMI
+# job/step, and a stale segment of a killed "job 2" from an earlier cluster
+# would make a new job 2 hang in MPI_Init.
+FirstJobId=$(( (RANDOM * 32768 + RANDOM) % 60000000 + 1000 ))
+CONF
 }

@@ -278,15 +278,8 @@ def test_a_resnet8_step_on_the_device_matches_the_numpy_engine(g):
     """A training step and an evaluation of resnet8 through the kernels:
     gradients, the moved running statistics and eval logits agree with
     the NumPy model's."""
-    from ibtmpi.model import Model
-    x = RNG.standard_normal((6, 3, 16, 16)).astype(np.float32)
-    y = RNG.integers(0, 5, 6)
-    host = Model("resnet8", (3, 16, 16), 5, seed=2)
-    dev = Model("resnet8", (3, 16, 16), 5, seed=2, ops=g)
-    host.loss_and_grad(x, y)
-    dev.loss_and_grad(x, y)
-    np.testing.assert_allclose(g.asnumpy(dev.grads), host.grads, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(g.asnumpy(dev.buffers), host.buffers, rtol=1e-5, atol=1e-6)
+    from devcheck import step_matches_numpy
+    host, dev, x, y = step_matches_numpy(g, "resnet8", 16, 6, 2, 1e-5, 1e-6)
     lh = host.forward(x, train=False)
     ld = g.asnumpy(dev.forward(g.asarray(x), train=False))
     np.testing.assert_allclose(ld, lh, rtol=1e-4, atol=1e-4)

@@ -8,23 +8,9 @@ import pytest
 
 from ibtmpi import ops
 from ibtmpi.model import Model
+from test_ops import numgrad
 
 RNG = np.random.default_rng(23)
-
-
-def numgrad(f, x, eps=1e-6):
-    g = np.zeros_like(x)
-    it = np.nditer(x, flags=["multi_index"])
-    for _ in it:
-        i = it.multi_index
-        old = x[i]
-        x[i] = old + eps
-        fp = f()
-        x[i] = old - eps
-        fm = f()
-        x[i] = old
-        g[i] = (fp - fm) / (2 * eps)
-    return g
 
 
 def naive_bn(x, gamma, beta, eps):

@@ -1,0 +1,21 @@
+"""A check shared by the stand-in tests (tests/unit) and the gpu suite
+(tests/gpu, which puts this directory on its path): one training step of a
+preset on the device ops `g` against the NumPy engine."""
+import numpy as np
+
+
+def step_matches_numpy(g, spec, size, batch, seed, rtol, atol):
+    """One loss_and_grad of `spec` on (batch, 3, size, size) inputs with the
+    NumPy engine and with `g`: the gradients and the moved running
+    statistics agree to rtol/atol. Returns (host, dev, x, y)."""
+    from ibtmpi.model import Model
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, 3, size, size)).astype(np.float32)
+    y = rng.integers(0, 5, batch)
+    host = Model(spec, (3, size, size), 5, seed=seed)
+    dev = Model(spec, (3, size, size), 5, seed=seed, ops=g)
+    host.loss_and_grad(x, y)
+    dev.loss_and_grad(x, y)
+    np.testing.assert_allclose(g.asnumpy(dev.grads), host.grads, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(g.asnumpy(dev.buffers), host.buffers, rtol=rtol, atol=atol)
+    return host, dev, x, y

@@ -12,6 +12,7 @@ import weakref
 
 import numpy as np
 
+import fakecupy_async as A
 from ibtmpi import kernelcheck
 
 
@@ -39,7 +40,8 @@ class _Fn:
         conv = [a if isinstance(a, np.ndarray) else
                 (int(a) if isinstance(a, (np.integer, int)) else float(a)) for a in args]
         # emulate a bounded grid: grid-stride loops cover the rest
-        getattr(self.mod, self.name)(min(int(grid[0]), 64), min(int(block[0]), 64), *conv)
+        fn, g, b = getattr(self.mod, self.name), min(int(grid[0]), 64), min(int(block[0]), 64)
+        A.issue(lambda: fn(g, b, *conv), f"kernel {self.name}")
 
 
 # what CuPy passes for an argument must be what the kernel reads: a device
@@ -89,23 +91,55 @@ class _Stream:
         self.log = log
 
     def synchronize(self):
+        A.no_capture("synchronize")
         self.log.append("sync")
+
+    def record(self, event=None):
+        """The null stream runs at once: its events are complete."""
+        return event if event is not None else A.Event()
+
+    def wait_event(self, event):
+        if event.stream is not None:
+            event.stream.flush(event.mark)
 
 
 class _Cuda:
     """cupy.cuda's pinned allocator and current stream; `log` records the
     calls in order (tests check a synchronize precedes each device Allreduce)."""
 
+    Event = A.Event
+    MemoryPool = None                        # set below (_MemoryPool)
+
     def __init__(self):
         self.log = []
         self.runtime = _Runtime()
+        log = self.log
+
+        class Stream(A.Stream):
+            def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+                super().__init__(null, non_blocking, ptds, priority, log=log)
+        self.Stream = Stream
+
+    @staticmethod
+    def using_allocator(allocator=None):
+        """Allocations in the block come from allocator (a pool's malloc)."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            ALLOC.append(allocator or POOL.malloc)
+            try:
+                yield
+            finally:
+                ALLOC.pop()
+        return ctx()
 
     def alloc_pinned_memory(self, nbytes):
         self.log.append(("pinned", nbytes))
         return bytearray(nbytes)
 
     def get_current_stream(self):
-        return _Stream(self.log)
+        return A.current() or _Stream(self.log)
 
     def Device(self, index=0):                       # noqa: N802 (CuPy's name)
         return _Device(self.log, index)
@@ -200,6 +234,28 @@ class _MemoryPool:
 
 
 POOL = _MemoryPool()
+ALLOC = [POOL.malloc]
+COMPUTE = A.ComputeTypes()   # cupy._core._routines_linalg's compute types        # the allocator in use (cupy.cuda.using_allocator)
+_Cuda.MemoryPool = _MemoryPool
+
+
+def _alloc(arr):
+    return ALLOC[-1](arr)
+
+
+def _make(compute, what, pooled=True):
+    """A new device array holding compute()'s result: now, or (capturing, or
+    on a lazy stream) poisoned until the recorded computation runs. pooled:
+    counted by the pool (CuPy's results of elementwise kernels and
+    reductions are too, but the stand-in's figures have always left them
+    out)."""
+    r = np.asarray(compute())
+    d = _alloc(r) if pooled else r.view(DeviceArray)
+    if A.capturing() is None and A.current() is None:
+        return d
+    A.poison(d)
+    A.issue(lambda: np.copyto(_base(d), compute()), what)
+    return d
 
 
 class DeviceArray(np.ndarray):
@@ -219,28 +275,51 @@ class DeviceArray(np.ndarray):
         args = [_base(a) for a in inputs]
         if out:
             kwargs["out"] = tuple(_base(o) for o in out)
-        res = getattr(ufunc, method)(*args, **kwargs)
-        if out:
+            A.issue(lambda: getattr(ufunc, method)(*args, **kwargs), f"cupy {ufunc.__name__}")
             return out[0] if len(out) == 1 else out
-        return _device(res)
+        return _make(lambda: getattr(ufunc, method)(*args, **kwargs), f"cupy {ufunc.__name__}",
+                     pooled=False)
 
     def __array_function__(self, func, types, args, kwargs):
         _no_host(_arrays(args) + _arrays(kwargs), func.__name__)
-        res = func(*_unwrap(args), **_unwrap(kwargs))
-        return _device(res)
+        a, k = _unwrap(args), _unwrap(kwargs)
+        if func is np.copyto:                       # in place
+            A.issue(lambda: func(*a, **k), "copyto")
+            return None
+        if A.capturing() is None and A.current() is None:
+            return _device(func(*a, **k))
+        return _make(lambda: func(*a, **k), func.__name__, pooled=False)
 
     def __setitem__(self, key, value):
-        if key is Ellipsis and isinstance(value, DeviceArray):
-            COPIES.append(("[...] =", self.shape))
-        super().__setitem__(key, value)
+        if isinstance(value, DeviceArray):
+            if key is Ellipsis:
+                COPIES.append(("[...] =", self.shape))
+            value = _base(value)
+        elif isinstance(value, np.ndarray):
+            A.no_capture("host -> device copy (setitem)")
+        base = _base(self)
+        A.issue(lambda: base.__setitem__(key, value), "setitem")
 
-    def set(self, host):
+    def fill(self, v):
+        base = _base(self)
+        A.issue(lambda: base.fill(v), "fill")
+
+    def set(self, host, stream=None):
         """Host -> device as CuPy's set: same shape and dtype, a contiguous
-        target (no broadcasting or casting, unlike NumPy's assignment)."""
+        target (no broadcasting or casting, unlike NumPy's assignment). On
+        a lazy stream the copy reads `host` when it runs (a DMA from pinned
+        memory)."""
         _same_layout(host, self, "set")
-        _base(self)[...] = host
+        base = _base(self)
+        if stream is None:
+            A.no_capture("host -> device copy (set)")
+            base[...] = host
+            return
+        with stream:
+            A.issue(lambda: base.__setitem__(Ellipsis, host), "set")
 
     def get(self):
+        A.no_capture("device -> host copy (get)")
         return np.array(_base(self))
 
 
@@ -306,6 +385,7 @@ class FakeCupy:
 
     def __init__(self):
         self.cuda = _Cuda()
+        self._core = type("core", (), {"_routines_linalg": COMPUTE})()
     int64, uint8, float32 = np.int64, np.uint8, np.float32
 
     @staticmethod
@@ -321,27 +401,37 @@ class FakeCupy:
         if h.flags.c_contiguous and (dtype is None or h.dtype == np.dtype(dtype)):
             return x
         COPIES.append(("ascontiguousarray", h.shape))
-        return POOL.malloc(np.array(h, dtype=dtype, order="C"))
+        return _make(lambda: np.array(h, dtype=dtype, order="C"), "ascontiguousarray")
 
     @staticmethod
     def empty(shape, dtype=np.float32):
-        return POOL.malloc(np.empty(shape, dtype))
+        a = _alloc(np.empty(shape, dtype))
+        return A.poison(a) if A.capturing() else a
 
     @staticmethod
     def zeros(shape, dtype=np.float32):
-        return POOL.malloc(np.zeros(shape, dtype))
+        return _make(lambda: np.zeros(shape, dtype), "zeros")
 
     @staticmethod
     def empty_like(x, dtype=None):
-        return POOL.malloc(np.empty_like(_host_in(x, "empty_like"), dtype=dtype))
+        a = _alloc(np.empty_like(_host_in(x, "empty_like"), dtype=dtype))
+        return A.poison(a) if A.capturing() else a
 
     @staticmethod
     def matmul(a, b, out=None):
         LAUNCHES["GEMM"] += 1
-        if out is not None:
-            return np.matmul(a, b, out=out)
         _no_host((a, b), "matmul")
-        return POOL.malloc(np.matmul(_base(a), _base(b)))
+        tf32 = COMPUTE.tf32() and _base(a).dtype == np.float32
+        ab, bb = _base(a), _base(b)
+
+        def mm(o=None):
+            x, y = (A.to_tf32(ab), A.to_tf32(bb)) if tf32 else (ab, bb)
+            return np.matmul(x, y, out=o)
+        if out is not None:
+            ob = _base(out)
+            A.issue(lambda: mm(ob), "GEMM")
+            return out
+        return _make(mm, "GEMM")
 
     @staticmethod
     def asarray(x, dtype=None):
@@ -349,10 +439,16 @@ class FakeCupy:
         asked for is returned as it is (both as in CuPy)."""
         if isinstance(x, DeviceArray) and (dtype is None or x.dtype == np.dtype(dtype)):
             return x
-        return POOL.malloc(np.array(_base(x), dtype=dtype, order="C"))
+        if not isinstance(x, DeviceArray):
+            A.no_capture("host -> device copy (asarray)")
+        else:
+            xb = _base(x)
+            return _make(lambda: np.array(xb, dtype=dtype, order="C"), "astype")
+        return _alloc(np.array(_base(x), dtype=dtype, order="C"))
 
     @staticmethod
     def asnumpy(x, out=None):
+        A.no_capture("asnumpy")
         if out is None:
             return np.array(_base(x))            # a new host array
         _same_layout(x, out, "asnumpy(out=)")    # CuPy neither casts nor broadcasts

@@ -433,17 +433,22 @@ class GpuOps:
         return self._into(y.transpose(1, 0, 2, 3) if acn else y, out)
 
     # -- input ----------------------------------------------------------------------
-    def normalize_u8(self, x, scale, shift):
+    def normalize_u8(self, x, scale, shift, ids=None):
         """data.normalize on the device (kernels/input.cu, bit for bit): x
         uint8 (N, H, W, C), on the host (uploaded here as uint8: a quarter
         of float32's bytes) or the device; scale, shift (C,) float32 on the
-        device. Returns (N, C, H, W) float32."""
+        device; ids: each image's dihedral transform (loader.dihedral),
+        applied on the way (normalize_u8_aug). Returns (N, C, H, W) float32."""
         cp = self.cp
         xd = cp.ascontiguousarray(cp.asarray(x))
         n, h, w, c = xd.shape
         y = cp.empty((n, c, h, w), np.float32)
-        self._launch("input.cu", "normalize_u8", y.size, xd, y, scale, shift, np.int32(n),
-                     np.int32(h), np.int32(w), np.int32(c))
+        geo = (np.int32(n), np.int32(h), np.int32(w), np.int32(c))
+        if ids is None:
+            self._launch("input.cu", "normalize_u8", y.size, xd, y, scale, shift, *geo)
+        else:
+            self._launch("input.cu", "normalize_u8_aug", y.size, xd, y, scale, shift,
+                         cp.ascontiguousarray(cp.asarray(ids, dtype=np.int32)), *geo)
         return y
 
     # -- linear, loss -----------------------------------------------------------

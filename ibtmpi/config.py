@@ -91,6 +91,8 @@ DEFAULTS = {
                                  # max(60 s, 10x the slowest block so far); 0: off
         "cuda_aware": "auto",    # GPU workers: auto | on | off (device buffers to MPI)
         "eval_device": "auto",   # the master's evaluation: auto | cpu | gpu
+        "gpu_math": "fp32",      # GPU GEMMs: fp32 | tf32 (tensor cores)
+        "cuda_graphs": "auto",   # GPU workers' steps from CUDA graphs: auto | on | off
         "time_limit": "auto",    # stop with a checkpoint before it: auto (the Slurm
                                  # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
         "profile": False,        # cProfile every rank: RUN/profile-rank-R.txt/.pstats
@@ -333,6 +335,10 @@ def validate(cfg):
          "run.resume must be auto, always or never"),
         (r["eval_device"] in ("auto", "cpu", "gpu"),
          f"run.eval_device must be auto, cpu or gpu, got {r['eval_device']!r}"),
+        (r["gpu_math"] in ("fp32", "tf32"),
+         f"run.gpu_math must be fp32 or tf32, got {r['gpu_math']!r}"),
+        (r["cuda_graphs"] in ("auto", "on", "off"),
+         f"run.cuda_graphs must be auto, on or off, got {r['cuda_graphs']!r}"),
         (r["cuda_aware"] in ("auto", "on", "off"),
          f"run.cuda_aware must be auto, on or off, got {r['cuda_aware']!r}"),
     ]
@@ -450,7 +456,8 @@ def hashed_config(cfg, legacy=False):
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
-                "early_stop", "early_stop_delta", "timeline", "eval_device"):
+                "early_stop", "early_stop_delta", "timeline", "eval_device", "gpu_math",
+                "cuda_graphs"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
     o = c["optim"]

@@ -39,13 +39,17 @@ def dihedral(images, ids):
 class WorkerData:
     def __init__(self, split, schedule, worker, mean, std, augment=False,
                  seed=0, cache="auto", cache_limit=2 * 2**30, prefetch=True,
-                 dtype=np.float32, raw=False):
+                 dtype=np.float32, raw=False, device_aug=False, stage=None):
         if cache not in ("auto", "memory", "disk"):
             raise ValueError(f"data.cache must be auto, memory or disk, got {cache!r}")
         self.split, self.sched, self.worker = split, schedule, worker
         self.mean, self.std, self.dtype = mean, std, np.dtype(dtype)
         self.augment, self.seed = augment, seed
         self.raw = raw           # uint8 (k, H, W, C) minibatches: a GPU normalises them
+        # with raw: leave the augmentation to the GPU, which gets each
+        # image's transform id (the same ids the host would apply)
+        self.device_aug = bool(raw and device_aug and augment)
+        self.stage = stage       # block(): each block through it (gpu_feed: pinned memory)
         s, e = schedule.ranges[worker]
         self.base = s
         row_bytes = int(np.prod(split._open()[0]["images"].shape[1:]))
@@ -64,7 +68,9 @@ class WorkerData:
 
     def load(self, p, b):
         """[(x (k, C, H, W) float, y (k,) int64)] for pass p, block b; with
-        raw, x is the (augmented) uint8 (k, H, W, C) images instead."""
+        raw, x is the (augmented) uint8 (k, H, W, C) images instead; with
+        device_aug, [(x raw uint8, y, ids (k,) int32)]: the transforms are
+        left to the GPU."""
         mbs = self.sched.minibatches(self.worker, p, b, self._order(p))
         idx = np.concatenate(mbs) if mbs else np.zeros(0, np.int64)
         if self.mem is not None:
@@ -72,17 +78,27 @@ class WorkerData:
         else:
             imgs = self.split.read(idx)
         labels = self.split.labels[idx]
+        ids = None
         if self.augment:
             rng = np.random.default_rng([self.seed, p, b, self.worker, 17])
-            dihedral(imgs, rng.integers(0, 8, len(idx)))
+            ids = rng.integers(0, 8, len(idx))
+            if self.device_aug:
+                ids = ids.astype(np.int32)
+            else:
+                dihedral(imgs, ids)
         out, at = [], 0
         for mb in mbs:
             k = len(mb)
             x = imgs[at:at + k] if self.raw else normalize(imgs[at:at + k], self.mean,
                                                            self.std, dtype=self.dtype)
-            out.append((x, labels[at:at + k]))
+            out.append((x, labels[at:at + k], ids[at:at + k]) if self.device_aug
+                       else (x, labels[at:at + k]))
             at += k
         return out
+
+    def _fetch(self, p, b):
+        data = self.load(p, b)
+        return data if self.stage is None else self.stage(data)
 
     def next_key(self, p, b):
         return (p, b + 1) if b + 1 < self.sched.blocks_per_pass else (p + 1, 0)
@@ -92,13 +108,13 @@ class WorkerData:
         if self._pending is not None and self._pending[0] == (p, b):
             data = self._pending[1].result()
         else:
-            if self._pending is not None:
-                self._pending[1].cancel()
-            data = self.load(p, b)
+            if self._pending is not None and not self._pending[1].cancel():
+                self._pending[1].exception()     # running: let it end (stages in order)
+            data = self._fetch(p, b)
         self._pending = None
         if self._pool is not None:
             key = self.next_key(p, b)
-            self._pending = (key, self._pool.submit(self.load, *key))
+            self._pending = (key, self._pool.submit(self._fetch, *key))
         return data
 
     def close(self):

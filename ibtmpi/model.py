@@ -140,6 +140,7 @@ class Model:
         gradients and activations then live on its device)."""
         self.dtype = np.dtype(dtype)
         self.device_ops = ops
+        self.graphs = None        # use_graphs: CUDA graphs of the training step
         self.xp = np if ops is None else ops.cp
         if ops is not None and self.dtype != np.float32:
             raise ValueError("the GPU backend is float32 only")
@@ -271,20 +272,25 @@ class Model:
         if self.device_ops is not None:
             self._norm_d = (self.device_ops.asarray(scale), self.device_ops.asarray(shift))
 
-    def _from_u8(self, x):
+    def _from_u8(self, x, ids=None):
         if getattr(self, "input_norm", None) is None:
             raise TypeError("uint8 input needs the data's mean and std: set_input_norm")
         if self.device_ops is None:
             from .data import normalize
+            if ids is not None:
+                from .loader import dihedral
+                x = dihedral(np.array(x), np.asarray(ids))
             return normalize(x, self.input_norm[0], self.input_norm[1], dtype=self.dtype)
-        return self.device_ops.normalize_u8(x, *self._norm_d)
+        return self.device_ops.normalize_u8(x, *self._norm_d, ids=ids)
 
-    def forward(self, x, train=False):
+    def forward(self, x, train=False, ids=None):
         """logits (N, K); valid until the next forward call. x: (N, C, H, W)
         in the model's dtype, or uint8 (N, H, W, C) images once
-        set_input_norm has been called."""
+        set_input_norm has been called; ids: with uint8 images, each one's
+        dihedral transform 0..7 (loader.dihedral), applied with the
+        normalisation."""
         if x.dtype == np.uint8:
-            x = self._from_u8(x)
+            x = self._from_u8(x, ids)
         if self.xp is not np and isinstance(x, np.ndarray):
             x = self.xp.asarray(x)                  # host batch -> device
         self._check_input(x)
@@ -299,11 +305,11 @@ class Model:
         for i in range(last, -1, -1):
             dy = self.layers[i].backward(dy, need_dx=i > 0)
 
-    def loss_and_grad(self, x, labels):
+    def loss_and_grad(self, x, labels, ids=None):
         """One forward+backward on a batch; fills self.grads.
         Returns (mean loss, number of correct predictions), read back to
         the host: on a GPU that waits for the step (step_grad does not)."""
-        logits = self.forward(x, train=True)
+        logits = self.forward(x, train=True, ids=ids)
         o = self.device_ops or ops
         y = self.xp.asarray(labels, dtype=np.int64)     # ONE copy for loss, count, grad
         loss, probs = o.softmax_xent_forward(logits, y)
@@ -315,9 +321,20 @@ class Model:
         """Accumulator of step_grad's loss sum and correct count for
         batches of up to `cap` rows: (2, cap) float64 on the device (one
         slot per row), (2, 1) on the host."""
+        if self.graphs is not None:
+            return self.graphs.new_stats(cap)
         return self.xp.zeros((2, cap if self.device_ops is not None else 1), np.float64)
 
-    def step_grad(self, x, labels, stats):
+    def use_graphs(self, mode, log=None):
+        """run.cuda_graphs (gpu_graphs.StepGraphs): a GPU model's steps
+        replayed from CUDA graphs, one per batch size; off on the CPU."""
+        self.graphs = None
+        if self.device_ops is not None and mode != "off":
+            from .gpu_graphs import StepGraphs
+            self.graphs = StepGraphs(self, mode, log)
+        return self.graphs
+
+    def step_grad(self, x, labels, stats, ids=None):
         """One forward+backward on a batch, filling self.grads, with the
         batch's loss sum and correct count added into `stats` (new_stats).
         On a GPU the loss end is one launch (softmax_xent_train) and nothing
@@ -325,11 +342,18 @@ class Model:
         GPU runs this one; on the CPU it is loss_and_grad."""
         d = self.device_ops
         if d is None:
-            loss, correct = self.loss_and_grad(x, labels)
+            loss, correct = self.loss_and_grad(x, labels, ids)
             stats[0, 0] += loss * len(labels)
             stats[1, 0] += correct
             return
-        self.backward(d.softmax_xent_train(self.forward(x, train=True), labels, stats))
+        if self.graphs is not None:
+            return self.graphs.step(x, labels, stats, ids)
+        return self._device_step(x, labels, stats, ids)
+
+    def _device_step(self, x, labels, stats, ids=None):
+        d = self.device_ops
+        self.backward(d.softmax_xent_train(self.forward(x, train=True, ids=ids), labels,
+                                           stats))
 
     def read_stats(self, stats):
         """(loss sum, correct count) of the steps added into `stats`: one

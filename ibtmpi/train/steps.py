@@ -31,17 +31,28 @@ from .packet import FLAG_CKPT, FLAG_EARLY, FLAG_NONFINITE, FLAG_STOP
 
 
 class BlockSteps:
-    def _run_steps(self, mbs):
+    def _run_steps(self, mbs, feed=None):
         # on a GPU the loss and correct count stay on the device (no host
-        # sync per step) and are read once, here at the end of the block
+        # sync per step) and are read once, here at the end of the block;
+        # with a feed (gpu_feed) the minibatches' copies run on their own
+        # stream and each step waits only for its own
         stats = self.model.new_stats(self.cfg["data"]["batch"])
         n = 0
-        for x, y in mbs:
+        if feed is not None:
+            wait = self.dev.cp.cuda.get_current_stream().wait_event
+            items = feed.upload(mbs)
+        else:
+            items = [(mb[0], mb[1], mb[2] if len(mb) > 2 else None, None) for mb in mbs]
+        for x, y, ids, ev in items:
             if len(y) == 0:
                 continue
-            self.model.step_grad(x, y, stats)
+            if ev is not None:
+                wait(ev)
+            self.model.step_grad(x, y, stats, ids)
             self.opt.step(self.model.grads)
             n += len(y)
+        if feed is not None:
+            feed.consumed(mbs)
         loss_sum, correct = self.model.read_stats(stats)
         return loss_sum, n, correct
 
@@ -60,7 +71,9 @@ class BlockSteps:
         Allreduce (memory.py): this process's peak RSS, its CuPy pool."""
         self.packet.put("rss", i, memory.peak_rss_mib())
         if self.dev is not None:
-            self.packet.put("pool", i, self.dev.pool_bytes() / memory.MIB)
+            graphs = self.model.graphs
+            held = self.dev.pool_bytes() + (graphs.pool_bytes() if graphs else 0)
+            self.packet.put("pool", i, held / memory.MIB)
 
     def _block_algo(self, k, work):
         p, b = self.sched.locate(k)
@@ -91,7 +104,8 @@ class BlockSteps:
                 self.dev.to_device(wh, self.model.params)
             self.opt.extra_grad = self.cons.extra_grad(
                 ws, to_device=self.dev.asarray if stage else None)
-            loss_sum, cnt, corr = self._run_steps(mbs)
+            staged = getattr(mbs, "slot", None) is not None   # through gpu_feed
+            loss_sum, cnt, corr = self._run_steps(mbs, self.feeds[i] if staged else None)
             if stage:
                 self.dev.to_host(self.model.params, wh)
             if self.faults.hit(self.rank, k, "nan"):
@@ -363,10 +377,10 @@ class BlockSteps:
         for s in range(steps):
             pk.send.fill(0)
             for i in self.local:
-                x, y = mbs[i][s % len(mbs[i])]
+                x, y, *ids = mbs[i][s % len(mbs[i])]
                 self.model.load_buffers(self.zbuf)
                 if len(y):
-                    self.model.loss_and_grad(x, y)
+                    self.model.loss_and_grad(x, y, *ids)
                     pk.send[:P] += self._host(self.model.grads)
                 self.model.buffer_moments(pk.out("buffers"))
             mpi.allreduce_sum(pk.send, pk.recv, self.comm)

@@ -68,11 +68,28 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self._wire_compute(device_ops, gpu_buffers)
         self.eval_ops = eval_ops if eval_ops is not None else self.dev
         # GPU workers get uint8 minibatches (a quarter of the bytes to
-        # upload) and normalise them on the device (kernels/input.cu)
+        # upload) and normalise them on the device (kernels/input.cu); under
+        # the block algorithms through a feed (gpu_feed: pinned memory, a
+        # copy stream, the augmentation on the device too)
+        self.feeds = {}
+        if self.dev is not None and not self.A.per_step:
+            from ..gpu_feed import DeviceFeed
+            last = self.sched.blocks_per_pass - 1
+            copy = self.dev.cp.cuda.Stream(non_blocking=True)
+            self.feeds = {i: DeviceFeed(self.dev, max(self.sched.split_len(i, 0),
+                                                      self.sched.split_len(i, last)),
+                                        self.ds.image_shape, copy)
+                          for i in self.local}
         self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
                                       d["augment"], d["seed"], d["cache"],
-                                      raw=self.dev is not None)
+                                      raw=self.dev is not None,
+                                      device_aug=i in self.feeds,
+                                      stage=self.feeds[i].stage if i in self.feeds else None)
                         for i in self.local}
+        if self.dev is not None:
+            from ..gpu_graphs import set_gpu_math
+            set_gpu_math(self.dev.cp, r["gpu_math"])
+            self.model.use_graphs(r["cuda_graphs"], self.log)
         self.model.set_input_norm(self.ds.mean, self.ds.std)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
         self.lr_at = optim.LrSchedule(cfg["optim"], self.sched.blocks_per_pass, r["passes"])

@@ -163,11 +163,11 @@ def test_gpu_workers_upload_uint8_minibatches(small_dataset, tmp_path):
     ops = GpuOps(cp=FakeCupy())
     calls = []
     real = ops.normalize_u8
-    ops.normalize_u8 = lambda x, *a: (calls.append(x.dtype), real(x, *a))[1]
+    ops.normalize_u8 = lambda x, *a, **k: (calls.append(x.dtype), real(x, *a, **k))[1]
     c = load(None, [f"data.path={small_dataset}", "algorithm.name=ibt", "data.split_size=40",
                     "data.batch=16", "model.layers=tiny", "run.passes=0.5", "run.quiet=true",
                     f"run.dir={tmp_path / 'u8'}", "run.simulate=2", "run.threads=1",
-                    "run.eval_device=cpu"])
+                    "run.eval_device=cpu", "run.cuda_graphs=off"])   # every step from Python
     t = Trainer(c, log=lambda m: None, device_ops=ops)
     assert all(ld.raw for ld in t.loaders.values())
     t.run()
@@ -180,5 +180,6 @@ def test_gpu_workers_upload_uint8_minibatches(small_dataset, tmp_path):
     t2 = Trainer(c2, log=lambda m: None, device_ops=GpuOps(cp=FakeCupy()))
     for ld in t2.loaders.values():
         ld.raw = False                       # the float32 batches of before
+        ld.stage = None                      # (host batches, not through the feed)
     t2.run()
     assert t.z.tobytes() == t2.z.tobytes()

@@ -406,3 +406,25 @@ def test_normalize_u8_is_data_normalize_bitwise(mods, grid, shape):
     y = np.empty((n, c, h, w), np.float32)
     mods["input"].normalize_u8(*grid, x, y, scale, shift, n, h, w, c)
     assert y.tobytes() == normalize(x, mean, std).tobytes()
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("shape", [(8, 5, 5, 3), (8, 6, 4, 2), (9, 1, 1, 3), (8, 7, 7, 1)])
+def test_normalize_u8_aug_is_dihedral_then_normalize_bitwise(mods, grid, shape):
+    """Every transform id on square and non-square images: the kernel's
+    output is loader.dihedral on the host followed by data.normalize."""
+    from ibtmpi.data import normalize
+    from ibtmpi.loader import dihedral
+    n, h, w, c = shape
+    x = RNG.integers(0, 256, shape).astype(np.uint8)
+    ids = (np.arange(n) % 8).astype(np.int32)
+    RNG.shuffle(ids)
+    mean, std = RNG.random(c) * 200 + 10, RNG.random(c) * 60 + 5
+    scale = (1.0 / std).astype(np.float32)
+    shift = (-mean / std).astype(np.float32)
+    y = np.empty((n, c, h, w), np.float32)
+    mods["input"].normalize_u8_aug(*grid, x, y, scale, shift, ids, n, h, w, c)
+    want = normalize(dihedral(x.copy(), ids), mean, std)
+    assert y.tobytes() == want.tobytes()
+    if h > 1 and w > 1:                     # not the identity: the ids matter
+        assert y.tobytes() != normalize(x, mean, std).tobytes()

@@ -374,3 +374,23 @@ def test_normalize_u8_launcher_uploads_uint8_and_is_data_normalize(g):
     a = g.asnumpy(m.forward(x, train=False)).copy()
     b = g.asnumpy(m.forward(normalize(x, mean, std), train=False))
     assert a.tobytes() == b.tobytes()
+
+
+def test_normalize_u8_aug_launcher_is_host_augmentation_then_normalize(g):
+    """With ids, the launcher applies loader.dihedral on the device: a
+    model fed the raw uint8 batch and its ids gives the logits of the
+    batch augmented and normalised on the host, bit for bit."""
+    from ibtmpi.data import normalize
+    from ibtmpi.loader import dihedral
+    from ibtmpi.model import Model
+    x = RNG.integers(0, 256, (8, 8, 8, 3)).astype(np.uint8)
+    ids = np.arange(8, dtype=np.int64)[::-1].copy()
+    mean, std = np.array([120.0, 110.0, 100.0]), np.array([60.0, 55.0, 50.0])
+    host = normalize(dihedral(x.copy(), ids), mean, std)
+    y = g.normalize_u8(x, g.asarray((1.0 / std).astype(np.float32)),
+                       g.asarray((-mean / std).astype(np.float32)), ids=g.asarray(ids))
+    assert g.asnumpy(y).tobytes() == host.tobytes()
+    m = Model("tiny", (3, 8, 8), 5, ops=g)
+    m.set_input_norm(mean, std)
+    a = g.asnumpy(m.forward(x, train=False, ids=ids)).copy()
+    assert a.tobytes() == g.asnumpy(m.forward(host, train=False)).tobytes()

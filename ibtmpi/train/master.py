@@ -266,6 +266,7 @@ class MasterReports:
                    # start-up collectives), the last block's own tail (its
                    # checkpoint, metrics), and each pass's blocks summed
                    "startup_s": round(self.startup_s, 3),
+                   "startup_parts": self.startup_parts,
                    "tail_s": round(getattr(self, "tail_s", 0.0), 6),
                    "pass_s": [round(passes[p], 6) for p in sorted(passes)],
                    "master_busy_s": float(sum(h.get("master_busy_s", 0.0)

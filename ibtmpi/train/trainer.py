@@ -57,6 +57,9 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.algo = cfg["algorithm"]["name"]
         self.A = consensus.get(self.algo)        # the algorithm's class
         self._roles(int(r["simulate"]))
+        # where this rank's start-up goes (summary.json startup_parts)
+        self.startup_parts = {"launch and imports": lifecycle.process_age_s()}
+        t0 = time.perf_counter()
         self.ds = Dataset(d["path"])
         if r["early_stop"] and "val" not in self.ds.splits:
             raise ConfigError(f"run.early_stop needs a val split; {d['path']} has "
@@ -65,7 +68,9 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         split = split_size_for(d["block_size"] or None,
                                d["split_size"] or (None if d["block_size"] else 512), n)
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
+        t1 = time.perf_counter()
         self._wire_compute(device_ops, gpu_buffers)
+        t2 = time.perf_counter()
         self.eval_ops = eval_ops if eval_ops is not None else self.dev
         # GPU workers get uint8 minibatches (a quarter of the bytes to
         # upload) and normalise them on the device (kernels/input.cu); under
@@ -86,6 +91,8 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                                       device_aug=i in self.feeds,
                                       stage=self.feeds[i].stage if i in self.feeds else None)
                         for i in self.local}
+        self.startup_parts.update({"model": t2 - t1,        # data: open + cache fill
+                                   "data": (t1 - t0) + (time.perf_counter() - t2)})
         if self.dev is not None:
             from ..gpu_graphs import set_gpu_math
             set_gpu_math(self.dev.cp, r["gpu_math"])
@@ -247,7 +254,11 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev, cpus)
         ident = {"ibtmpi": __version__, "numpy": np.__version__,
                  "configuration": self.cfg_hash, "dataset": self.data_fp}
-        got = mpi.allgather((me, ident)) if self.dist else [(me, ident)]
+        parts = self.startup_parts
+        got = mpi.allgather((me, ident, parts)) if self.dist else [(me, ident, parts)]
+        # each start-up part at its slowest rank (the first block waits for it)
+        self.startup_parts = {k: max(g[2].get(k, 0.0) for g in got) for k in parts}
+        got = [g[:2] for g in got]
         rows = [r for r, _ in got]
         bad = [(i, k) for i, (_, other) in enumerate(got) for k in ident
                if other.get(k) != got[0][1].get(k)]
@@ -323,6 +334,17 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self._start_reports(start)
         return start, seg
 
+    def _startup_line(self):
+        """Launch to training, split (each part at its slowest rank; the
+        rest: the ranks' agreement, placement and resume)."""
+        parts = self.startup_parts
+        rest = max(self.startup_s - sum(parts.values()), 0.0)
+        self.startup_parts = {**{k: round(v, 3) for k, v in parts.items()},
+                              "agreement and resume": round(rest, 3)}
+        if self.is_master:
+            self.log(f"start-up {self.startup_s:.1f} s: " + ", ".join(
+                f"{k} {v:.1f} s" for k, v in self.startup_parts.items()))
+
     def _warm_up_and_trace(self, start, seg):
         """algorithm.warmup_steps before block 0; run.timeline's files."""
         warm = self.cfg["algorithm"]["warmup_steps"]
@@ -351,6 +373,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         # between included; the first from the start of training
         self.t_boundary, self.stats_boundary = t_start, stats_start
         self.startup_s = lifecycle.process_age_s() - (time.perf_counter() - t_start)
+        self._startup_line()
         # a diverging model overflows: the non-finite checks say so in one
         # line, NumPy's RuntimeWarnings must not flood the log before it
         err_old = np.seterr(over="ignore", invalid="ignore", divide="ignore")

@@ -48,6 +48,13 @@ def test_block_walls_cover_compute_and_add_up(data32, tmp_path):
     assert abs(sum(s["pass_s"]) - s["wall_s"]) <= 0.03 * s["wall_s"], (s["pass_s"], s["wall_s"])
     assert s["tail_s"] <= max(r["wall_s"] for r in recs)
     assert s["startup_s"] > 0 and s["final_eval_s"] > 0
+    # the start-up split into its parts (each at its slowest rank), all of it
+    parts = s["startup_parts"]
+    assert set(parts) == {"launch and imports", "data", "model", "agreement and resume"}
+    assert min(parts.values()) >= 0 and parts["launch and imports"] > 0 and parts["data"] > 0
+    assert sum(parts.values()) >= s["startup_s"] - 0.01
+    line = [x for x in out.splitlines() if x.startswith("start-up ")][0]
+    assert f"start-up {s['startup_s']:.1f} s: launch and imports" in line, line
     # the pass lines read the same honest figures
     for p, secs in enumerate(s["pass_s"][:-1]):
         assert f"pass {p + 1}: train loss" in out

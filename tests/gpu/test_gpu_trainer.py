@@ -57,6 +57,7 @@ def test_pool_figure_and_out_of_memory():
     from ibtmpi.model import Model
     g = backend.GpuOps()
     pool = g.cp.get_default_memory_pool()
+    pool.free_all_blocks()                       # this test's mark, not an earlier one's
     m = Model("tiny", (3, 16, 16), 5, ops=g)
     x = np.random.default_rng(2).standard_normal((64, 3, 16, 16)).astype(np.float32)
     y = np.arange(64) % 5

@@ -56,10 +56,23 @@ class WorkerData:
         if cache == "auto":
             cache = "memory" if (e - s) * row_bytes <= cache_limit else "disk"
         self.cache = cache
-        self.mem = split.read(np.arange(s, e)) if cache == "memory" else None
         self._orders = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
         self._pending = None            # ((pass, block), future)
+        # the memory cache fills in the prefetch thread: the start-up's
+        # other work (model, GPU kernels, the ranks' agreement) overlaps it,
+        # and the first block waits only for what is left
+        self._mem = None
+        if cache == "memory":
+            read = lambda: split.read(np.arange(s, e))           # noqa: E731
+            self._mem = self._pool.submit(read) if self._pool else read()
+
+    @property
+    def mem(self):
+        """The worker's sample range in RAM (cache = memory), else None."""
+        if self._mem is not None and not isinstance(self._mem, np.ndarray):
+            self._mem = self._mem.result()
+        return self._mem
 
     def _order(self, p):
         if p not in self._orders:

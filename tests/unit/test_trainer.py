@@ -214,9 +214,9 @@ def test_reset_state_decides_whether_the_inner_state_survives_a_sync(
     seen = []
     run_steps = t._run_steps
 
-    def spy(mbs):
+    def spy(mbs, feed=None):
         seen.append({k: t._host(v).copy() for k, v in t.opt.state().items()})
-        return run_steps(mbs)
+        return run_steps(mbs, feed)
     t._run_steps = spy
     t.run()
     assert len(seen) == 2 * t.total_blocks

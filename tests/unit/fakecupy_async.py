@@ -10,7 +10,8 @@
   the device gets the new bytes; read the device array without waiting and
   it still holds what was there (a missing wait gives wrong numbers, not
   luck). The null stream (the default) runs at once.
-- ``begin_capture``/``end_capture`` record instead of running: every
+- ``begin_capture``/``end_capture`` (per thread, as CuPy's current stream and
+  a relaxed-mode capture are) record instead of running: every
   kernel, GEMM, copy, fill and CuPy elementwise/reduction issued while the
   capturing stream is current becomes a step of the graph; arrays made
   during the capture hold poison (NaN, or 0xAB bytes) until the graph runs,
@@ -24,16 +25,26 @@ import threading
 
 import numpy as np
 
-CURRENT = []            # stack of streams made current by `with stream:`
-CAPTURE = [None]        # the stream capturing now, if any
+_TLS = threading.local()   # CuPy's current stream is per thread, and so is a
+                           # capture (relaxed mode: other threads may sync)
+
+
+def _stack():
+    if not hasattr(_TLS, "current"):
+        _TLS.current, _TLS.capture = [], None
+    return _TLS.current
 
 
 def current():
-    return CURRENT[-1] if CURRENT else None
+    """The stream made current by `with stream:` in this thread, if any."""
+    st = _stack()
+    return st[-1] if st else None
 
 
 def capturing():
-    return CAPTURE[0]
+    """The stream this thread is capturing, if any."""
+    _stack()
+    return _TLS.capture
 
 
 def poison(a):
@@ -111,11 +122,11 @@ class Stream:
                 self.done += 1
 
     def __enter__(self):
-        CURRENT.append(self)
+        _stack().append(self)
         return self
 
     def __exit__(self, *exc):
-        CURRENT.pop()
+        _stack().pop()
         return False
 
     def synchronize(self):
@@ -142,12 +153,12 @@ class Stream:
             raise RuntimeError("capture on a blocking stream would sync with the legacy stream")
         self.flush()
         self.recorded = []
-        CAPTURE[0] = self
+        _TLS.capture = self
 
     def end_capture(self):
         if capturing() is not self:
             raise RuntimeError("end_capture on a stream that is not capturing")
-        CAPTURE[0] = None
+        _TLS.capture = None
         steps, self.recorded = self.recorded, None
         return Graph(steps)
 

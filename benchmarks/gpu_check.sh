@@ -24,38 +24,11 @@
 # threadpoolctl, tqdm and pillow must be there (bring wheels if not).
 # Rehearsed on a CPU in CI: tests/unit/test_gpu_check.py.
 set -uo pipefail
-out=${1:?usage: gpu_check.sh OUTDIR}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-cd "$(dirname "$0")/.."
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# begin, stage, install_tree, env_stages, mpi_launcher
+. "$(dirname "$0")/gpu_stages.sh"
+begin gpu_check.sh "$@"
 site=$tmp/site
-: >"$out/stages.txt"
-
 budget=${GPU_CHECK_BUDGET:-450}
-
-# stage NAME SECONDS LOG CMD...: run CMD with a time limit (at most what is
-# left of the budget), its output shown and appended to LOG, its outcome
-# appended to stages.txt; returns CMD's status
-stage() {
-    local name=$1 secs=$2 log=$3 t0=$SECONDS rc how left=$((budget - SECONDS))
-    shift 3
-    if [ "$left" -lt 10 ]; then
-        echo "$name: SKIPPED (the ${budget} s budget is spent)" | tee -a "$out/stages.txt"
-        return 125
-    fi
-    [ "$secs" -gt "$left" ] && secs=$left
-    timeout -k 10 "$secs" "$@" 2>&1 | tee -a "$log"
-    rc=${PIPESTATUS[0]}
-    case $rc in
-        0) how=ok ;;
-        124 | 137) how="TIMED OUT (limit ${secs} s)" ;;
-        *) how="FAILED (exit $rc)" ;;
-    esac
-    echo "$name: $how, $((SECONDS - t0)) s" | tee -a "$out/stages.txt"
-    return "$rc"
-}
 
 # same_z LABEL RUN1 RUN2: are the two runs' consensus models equal bit for bit?
 same_z() {
@@ -67,17 +40,7 @@ print(sys.argv[1] + ', z bitwise equal:', a['z'].tobytes() == b['z'].tobytes())"
     fi 2>&1 | tee -a "$out/train.txt"
 }
 
-# pip needs setuptools for a build without isolation, which a bare Python
-# 3.12 lacks: then lay the package out by hand (setup.py's package_dir)
-if ! python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$site" . \
-        >"$tmp/install.log" 2>&1; then
-    echo "pip could not install (no setuptools?); copying the package tree instead:"
-    tail -n 3 "$tmp/install.log"
-    rm -rf "$site" && mkdir -p "$site"
-    cp -r ibtmpi "$site/ibtmpi" && cp -r kernels "$site/ibtmpi/kernels" \
-        && cp -r data_prep "$site/ibtmpi/data_prep" || { echo "copy failed"; exit 1; }
-fi
-export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+install_tree "$site"
 # GPU_CHECK_QUICK=1: tiny sizes, for a rehearsal of the stages on a CPU
 # through the CuPy stand-in (tests/standin on PYTHONPATH; tests/unit/
 # test_gpu_check.py): it checks this script, not the GPU
@@ -89,19 +52,7 @@ else
     images="--n 4000 --size 64" step="" model="--set data.split_size=256"
     r8size=32 r18size=64
 fi
-env=$out/env.txt
-nvidia-smi >"$env" 2>&1
-stage imports 60 "$env" python3 -c \
-    "import numpy, h5py, threadpoolctl, tqdm, PIL, cupy, mpi4py; print('imports ok')"
-# what ibtmpi sees here: MPI library, CuPy's devices, CUDA-aware MPI or not
-stage info 60 "$env" python3 -m ibtmpi info
-stage compile 180 "$env" python3 - <<'PY'
-import cupy
-from ibtmpi.kernels import sources
-for s in sources():
-    cupy.RawModule(code=s.read_text(), options=("--std=c++14",)).compile()
-    print(f"{s.name}: compiled by CuPy {cupy.__version__} for sm_{cupy.cuda.Device().compute_capability}")
-PY
+env_stages "$out/env.txt"
 stage gpu-tests 240 "$out/gpu_tests.txt" \
     python3 -m pytest -m gpu tests/gpu -ra -q -p no:cacheprovider -o addopts=""
 # pytest ends 0 when every test skipped (no CuPy, no device): say so
@@ -123,17 +74,7 @@ stage prep 120 "$out/train.txt" python3 -m ibtmpi prep synth "$data" $images --s
 # the timeline shows where GPU workers spend a block (compute spans carry
 # the host CPU seconds: a host thread spinning in a sync shows there)
 sets="--set data.path=$data $model --set run.passes=2 --set run.dir=$tmp/run --set run.quiet=true --set run.timeline=true"
-# Open MPI refuses root without these; MPICH ignores them
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-if command -v mpiexec >/dev/null && timeout 60 python3 -c "from mpi4py import MPI" >/dev/null 2>&1; then
-    # mpiexec and what it needs for 3 ranks here (Open MPI: --oversubscribe
-    # on fewer cores, as root --allow-run-as-root)
-    mpiexec=$(python3 -c "from ibtmpi import launcher; print(' '.join(launcher.command(3)))")
-    # the ranks start this interpreter by its full path: Open MPI started by
-    # its full path (as launcher.command gives it) puts its own prefix's bin
-    # first on the ranks' PATH, where `python3` is another Python (seen on
-    # the GPU machine: the system's, without the packages)
-    py=$(python3 -c "import sys; print(sys.executable)")
+if mpi_launcher 3; then
     # run.cuda_aware = auto: the "block buffers:" line says what the MPI
     # library reported and where the workers' buffers went
     stage train-mpi 180 "$out/train.txt" $mpiexec -n 3 "$py" -m ibtmpi train --device gpu $sets

@@ -5,7 +5,7 @@
 # 1. nvidia-smi, `ibtmpi info`; every kernels/*.cu compiled by CuPy on the
 #    real toolkit
 # 2. the gpu-marked tests: each CuPy launch vs the NumPy reference
-# 3. the training step, our kernels vs PyTorch/cuDNN fp32, batch 64 and 256,
+# 3. the training step, our kernels vs PyTorch/cuDNN fp32, batch 32, 64 and 256,
 #    and where our step's time goes, op by op (gpu_step.txt)
 # 4. a short training with 2 workers sharing the GPU (mpiexec -n 3 when an
 #    mpiexec exists and mpi4py loads its MPI, else --simulate 2 in one

@@ -166,6 +166,7 @@ LAUNCHING = ["tests/unit/test_faults.py", "tests/unit/test_launcher.py",
              "tests/unit/test_cli.py", "tests/unit/test_runlock.py",
              "tests/unit/test_time_limit.py", "tests/unit/test_dry_run.py",
              "tests/unit/test_device_ranks.py", "tests/unit/test_gpu_check.py",
+             "tests/unit/test_gpu_e2e.py",
              "tests/unit/test_memory.py",
              "tests/unit/test_bench.py::test_bench_run_starts_real_mpi_jobs_and_reports"]
 

@@ -20,16 +20,19 @@ AWARE = ("import ibtmpi.comm as c\n"
          "c.cuda_support = lambda: (True, 'stand-in: CUDA-aware')\n")
 
 
-def rehearse(tmp_path, path, sitecustomize=None, **more_env):
+def rehearse(tmp_path, path, sitecustomize=None, script="gpu_check.sh", quick="GPU_CHECK_QUICK",
+             **more_env):
+    """Run benchmarks/SCRIPT OUT with PATH, `quick`=1 and the stand-in;
+    (OUT, {stage: how it ended}, the log's tail)."""
     pp = [os.path.join(ROOT, "tests", "standin")]
     if sitecustomize:
         (tmp_path / "site").mkdir()
         (tmp_path / "site" / "sitecustomize.py").write_text(sitecustomize)
         pp.insert(0, str(tmp_path / "site"))
-    env = dict(os.environ, PATH=path, PYTHONPATH=os.pathsep.join(pp), GPU_CHECK_QUICK="1",
+    env = dict(os.environ, PATH=path, PYTHONPATH=os.pathsep.join(pp), **{quick: "1"},
                **more_env)
     out = tmp_path / "out"
-    r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), str(out)],
+    r = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", script), str(out)],
                        env=env, capture_output=True, text=True, timeout=900)
     log = r.stdout[-4000:] + r.stderr[-2000:]
     stages = dict(line.split(": ", 1) for line in (out / "stages.txt").read_text().splitlines())

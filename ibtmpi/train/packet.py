@@ -92,6 +92,12 @@ class BlockPacket:
         return self.got("flags").astype(np.int64)
 
     # -- the Allreduce -------------------------------------------------------
+    def push_tail(self, dev):
+        """The host tail (stats, timings, flags) up into the device send
+        buffer, and the stream synchronized: MPI reads it next."""
+        dev.to_device(self.send[self.P:], self.send_d[self.P:])
+        dev.synchronize()
+
     def reduce(self, allreduce, dev=None, gpu_buffers=False):
         """allreduce(send, recv): the block's one collective. Returns the
         reduced model part (P,). On a device (`dev`, a GpuOps) with
@@ -108,8 +114,7 @@ class BlockPacket:
             allreduce(self.send, self.recv)
             dev.to_device(self.recv[:P], self.recv_d[:P])
             return self.recv_d[:P]
-        dev.to_device(self.send[P:], self.send_d[P:])
-        dev.synchronize()
+        self.push_tail(dev)
         allreduce(self.send_d, self.recv_d)
         dev.to_host(self.recv_d[P:], self.recv[P:])
         return self.recv_d[:P]

@@ -93,6 +93,7 @@ DEFAULTS = {
         "eval_device": "auto",   # the master's evaluation: auto | cpu | gpu
         "gpu_math": "fp32",      # GPU GEMMs: fp32 | tf32 (tensor cores)
         "cuda_graphs": "auto",   # GPU workers' steps from CUDA graphs: auto | on | off
+        "master_device": "auto", # a master of its own's consensus state: auto | cpu | gpu
         "time_limit": "auto",    # stop with a checkpoint before it: auto (the Slurm
                                  # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
         "profile": False,        # cProfile every rank: RUN/profile-rank-R.txt/.pstats
@@ -339,6 +340,8 @@ def validate(cfg):
          f"run.gpu_math must be fp32 or tf32, got {r['gpu_math']!r}"),
         (r["cuda_graphs"] in ("auto", "on", "off"),
          f"run.cuda_graphs must be auto, on or off, got {r['cuda_graphs']!r}"),
+        (r["master_device"] in ("auto", "cpu", "gpu"),
+         f"run.master_device must be auto, cpu or gpu, got {r['master_device']!r}"),
         (r["cuda_aware"] in ("auto", "on", "off"),
          f"run.cuda_aware must be auto, on or off, got {r['cuda_aware']!r}"),
     ]
@@ -445,7 +448,8 @@ def hashed_config(cfg, legacy=False):
     """What determines the computation (as a dict; run_hash digests it),
     not operational keys (passes, threads, quiet, eval/checkpoint cadence,
     run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
-    timeline, keep_best, early_stop, early_stop_delta) nor where the data
+    timeline, keep_best, early_stop, early_stop_delta, eval_device,
+    master_device) nor where the data
     lives: data.path may move (a copy staged to node-local scratch after a
     requeue); the manifest's dataset fingerprint says whether it is the
     same data. Keys added later (ADDED_KEYS) are left out at their
@@ -457,7 +461,7 @@ def hashed_config(cfg, legacy=False):
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
                 "early_stop", "early_stop_delta", "timeline", "eval_device", "gpu_math",
-                "cuda_graphs"):
+                "cuda_graphs", "master_device"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
     o = c["optim"]

@@ -136,14 +136,16 @@ def _start_up(args, st, size, rank, log):
             comm.cuda_support() if on_gpu and distributed else (None, ""))
         if on_gpu and rank == 0:
             log(f"block buffers: {why}")
-        eval_ops = None           # a master of its own on a GPU node evaluates there
-        if (on_gpu and rank == 0 and distributed and st.device_ops is None
-                and cfg["run"]["eval_device"] != "cpu"):
+        # a master of its own on a GPU node evaluates there (run.eval_device)
+        # and keeps its consensus state there (run.master_device)
+        master_ops = None
+        wants = {cfg["run"]["eval_device"], cfg["run"]["master_device"]} != {"cpu"}
+        if on_gpu and rank == 0 and distributed and st.device_ops is None and wants:
             from ..backend import GpuOps, gpu_status
             if gpu_status()[0]:
-                eval_ops = GpuOps()
+                master_ops = GpuOps()
         st.trainer = Trainer(cfg, log=log, device_ops=st.device_ops, gpu_buffers=gpu_buffers,
-                             eval_ops=eval_ops)
+                             master_ops=master_ops)
     except _bad_input() as e:
         return f"ibtmpi train: error: {e}"
     return None

@@ -47,8 +47,9 @@ class MasterEvaluation:
         (x, y) batch by batch, yielding in between, so the master can poll
         MPI; writes (loss, acc) into out."""
         from ..serial import evaluate_steps
-        m = self.eval_model
-        m.params[...] = params if m.device_ops is None else m.device_ops.asarray(params)
+        m = self.eval_model     # params: the host's, or z on the master's GPU (its own)
+        m.params[...] = (self._host(params) if m.device_ops is None
+                         else m.device_ops.asarray(params))
         self.eval_model.load_buffers(self.zbuf if buffers is None else buffers)
         return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
                               self.ds.std, out, batch)

@@ -233,6 +233,9 @@ class MasterReports:
         if self.lr_at.describe():
             self.log(self.lr_at.describe())
         self.log(placement_text(self.placement))
+        if self.device_state:       # a master of its own on its GPU
+            self.log(f"the master keeps z and the consensus state on its GPU and updates "
+                     f"them there (run.master_device = {self.cfg['run']['master_device']})")
         warn = oversubscription_text(self.placement)
         if warn:
             self.log(warn)
@@ -257,6 +260,8 @@ class MasterReports:
                    "allreduce_calls": mpi.STATS["allreduce"] - calls0,
                    "allreduce_bytes": mpi.STATS["bytes"] - bytes0,
                    "images": int(images), "simulated": bool(self.simulate),
+                   # where rank 0 kept z and updated it (run.master_device)
+                   "master_consensus": "gpu" if self.device_state else "cpu",
                    "world_size": 1 if self.simulate else mpi.world_size(),
                    # wall_s is this process's; a resumed run's blocks before
                    # start ran in earlier ones: their time is in the metrics
@@ -329,7 +334,7 @@ class MasterReports:
             last_val = [h for h in self.history if "val_acc" in h]
             if last_val:
                 summary["val_acc"] = last_val[-1]["val_acc"]
-            save_model(os.path.join(r["dir"], "model.npz"), self.z, self.model,
+            save_model(os.path.join(r["dir"], "model.npz"), self._host(self.z), self.model,
                        self.ds, self.cfg, self.zbuf)
             if self.best is not None:
                 summary["best"] = self._best_summary(summary)

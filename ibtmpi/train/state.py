@@ -48,8 +48,8 @@ class CheckpointState:
 
     def _state_arrays(self):
         a = {}
-        if self.is_master and self.cons is not None:
-            a.update(self.cons.state())
+        if self.is_master and self.cons is not None:     # host copies (device_state)
+            a.update({k: self._host(v) for k, v in self.cons.state().items()})
         if self.is_master and self.packet.B:
             a["zbuf"] = self.zbuf
         if self.A.per_step:

@@ -157,9 +157,16 @@ class BlockSteps:
     def _reduce_packed(self, work, k, last=None):
         """The block's one Allreduce of the packed buffer; returns the
         reduced S (P,), on the device where the state is (BlockPacket.reduce).
-        last(): see comm.allreduce_sum (a master of its own, host buffers)."""
-        return self.packet.reduce(lambda s, r: self._reduce(s, r, work, k, last),
-                                  self.dev, self.gpu_buffers)
+        last(): see comm.allreduce_sum (a master of its own); what it sets in
+        the host tail goes up to the device buffer after it, where that is
+        what MPI reads (gpu_buffers)."""
+        pk, dev = self.packet, self.sdev
+        if last is not None and self.gpu_buffers:
+            def last(first=last):
+                first()
+                pk.push_tail(dev)
+        return pk.reduce(lambda s, r: self._reduce(s, r, work, k, last), dev,
+                         self.gpu_buffers)
 
     def _reduce(self, send, recv, work, k, last=None):
         """The block's Allreduce; with run.watchdog_s the master aborts a

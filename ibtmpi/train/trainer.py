@@ -42,15 +42,18 @@ from .steps import BlockSteps
 
 
 class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
-    def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False, eval_ops=None):
+    def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False, master_ops=None):
         """device_ops: a backend.GpuOps for the workers' compute (the master,
-        which has no worker, always stays on the host). gpu_buffers (from
-        backend.resolve_cuda_aware; real MPI runs with a GPU worker only):
-        the worker hands its device buffer to a CUDA-aware Allreduce;
-        otherwise that buffer is staged through pinned host memory. A GPU
-        worker under MPI keeps its consensus state on the GPU either way
-        (device_state). eval_ops: the GPU a master of its own may evaluate
-        on (run.eval_device); a process with workers evaluates on theirs."""
+        which has no worker, computes nothing). gpu_buffers (from
+        backend.resolve_cuda_aware; real MPI runs only): a rank whose
+        consensus state is on a GPU hands its device buffer to a
+        CUDA-aware Allreduce; otherwise that buffer is staged through
+        pinned host memory. A GPU worker under MPI keeps its consensus
+        state on the GPU either way (device_state). master_ops: the GPU a
+        master of its own has (entry.py): it evaluates there
+        (run.eval_device) and keeps its consensus state and updates z there
+        (run.master_device, block algorithms); a process with workers
+        evaluates on theirs."""
         self.t_created = time.time()     # older error files are an earlier job's
         self.cfg, self.log = cfg, log
         d, r = cfg["data"], cfg["run"]
@@ -69,9 +72,9 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                                d["split_size"] or (None if d["block_size"] else 512), n)
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
         t1 = time.perf_counter()
-        self._wire_compute(device_ops, gpu_buffers)
+        self._wire_compute(device_ops, gpu_buffers, master_ops)
         t2 = time.perf_counter()
-        self.eval_ops = eval_ops if eval_ops is not None else self.dev
+        self.eval_ops = master_ops if master_ops is not None else self.dev
         # GPU workers get uint8 minibatches (a quarter of the bytes to
         # upload) and normalise them on the device (kernels/input.cu); under
         # the block algorithms through a feed (gpu_feed: pinned memory, a
@@ -151,37 +154,40 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                f"this job has {n} workers: run it without mpiexec (or with -n 1)")
         self.A.check_workers(n, how)
 
-    def _wire_compute(self, device_ops, gpu_buffers):
+    def _wire_compute(self, device_ops, gpu_buffers, master_ops=None):
         """Model, optimizer, consensus, worker states and the block packet.
 
-        Workers compute on the device when one is given. A GPU worker under
-        MPI keeps its consensus state (z, its dual) and the block's packed
-        buffer on its GPU (device_state) and updates z there; the MPI
-        library gets that buffer itself where it is CUDA-aware
-        (gpu_buffers), else a pinned host copy (P floats down and P up a
-        block). The master's state is on the host, and so is that of
-        simulated or single-process GPU workers (their w is staged through
-        a pinned host image); z is bitwise equal everywhere (consensus/).
-        Where a GPU worker's consensus was on the host, the update's NumPy
-        passes over P floats took as long as the block's compute (the H200
-        check: 64-79 ms against 53-58 ms)."""
+        Workers compute on the device when one is given. A rank under MPI
+        whose consensus state is on a GPU (device_state: a GPU worker's on
+        its GPU; a master's of its own on its GPU under run.master_device)
+        keeps it (z, the duals) and the block's packed buffer there and
+        updates z there; the MPI library gets that buffer itself where it is
+        CUDA-aware (gpu_buffers), else a pinned host copy (P floats down and
+        P up a block). The state of simulated or single-process GPU workers
+        is on the host (their w is staged through a pinned host image), and
+        so is a master's without a GPU; z is bitwise equal everywhere
+        (consensus/). Where a GPU worker's consensus was on the host, the
+        update's NumPy passes over P floats took as long as the block's
+        compute (the H200 check: 64-79 ms against 53-58 ms); a master's own
+        host update (13-45 ms a block for the reference CNN) is on the
+        critical path once GPU workers compute faster."""
         cfg = self.cfg
         h, w, c = self.ds.image_shape
         self.dev = device_ops if self.local else None
-        self.device_state = bool(self.dev is not None and not self.simulate
-                                 and mpi.world_size() > 1)
+        self.sdev = self._state_device(master_ops)     # None: the host
+        self.device_state = self.sdev is not None
         self.gpu_buffers = bool(gpu_buffers and self.device_state)
         self.model = Model(cfg["model"]["layers"], (c, h, w), self.ds.n_classes,
                            seed=cfg["model"]["seed"], ops=self.dev)
         self.opt = optim.make(cfg["optim"], self.model.params, ops=self.dev)
         self.P = P = self.model.size
-        pinned = self.dev is not None and not self.gpu_buffers
-        host_empty = self.dev.pinned_empty if pinned else (lambda m: np.empty(m, np.float32))
+        pinned = self._ops is not None and not self.gpu_buffers
+        host_empty = self._ops.pinned_empty if pinned else (lambda m: np.empty(m, np.float32))
         # host image of a worker's w, where its consensus state is on the host
         self._w_host = (host_empty(P) if self.dev is not None and not self.device_state
                         else None)
         self.cons = None if self.A.per_step else self._new_consensus()
-        zeros = self.dev.cp.zeros if self.device_state else np.zeros
+        zeros = self.sdev.cp.zeros if self.device_state else np.zeros
         self.states = ({} if self.cons is None else
                        {i: self.cons.new_worker(P, self.model.dtype, zeros)
                         for i in self.local})
@@ -189,20 +195,42 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.opt_states = {i: {k: np.zeros(s, dt) for k, (s, dt) in
                                self.opt.state_spec().items()} for i in self.local}
         self.packet = BlockPacket(P, self.n_workers, host_empty,
-                                  self.dev.cp.zeros if self.device_state else None,
+                                  zeros if self.device_state else None,
                                   B=self.model.n_buffers)
         # the buffers every rank agrees on (BatchNorm's running statistics,
         # averaged by the block's Allreduce): host float32 (B,)
         self.zbuf = np.array(self._host(self.model.buffers), np.float32)
 
+    def _state_device(self, master_ops):
+        """The GpuOps whose GPU holds this rank's consensus state, or None
+        (the host): only under MPI; a worker's GPU; a master's of its own
+        (master_ops) under run.master_device auto or gpu, for a block
+        algorithm (ssgd's master holds no consensus state)."""
+        if self.simulate or mpi.world_size() == 1:
+            return None
+        if self.local:
+            return self.dev
+        want = self.cfg["run"]["master_device"]
+        if want == "gpu" and master_ops is None:
+            raise ConfigError("run.master_device = gpu, but the master (rank 0) has no GPU "
+                              "(it has one where the workers compute on GPUs and its node "
+                              "has one); use auto or cpu")
+        return None if want == "cpu" or self.A.per_step else master_ops
+
+    @property
+    def _ops(self):
+        """The GpuOps of this rank's device arrays (the workers' model, or a
+        master's consensus state), or None."""
+        return self.dev if self.dev is not None else self.sdev
+
     # -- helpers ------------------------------------------------------------
     def _new_consensus(self):
-        """From the model's current parameters: on the GPU with device_state,
-        else on the host."""
+        """From the model's current parameters: on the GPU with device_state
+        (a master's of its own: uploaded), else on the host."""
         a = self.cfg["algorithm"]
         if self.device_state:
-            return consensus.Consensus(self.algo, self.model.params.copy(), self.n_workers,
-                                       a, to_host=self.dev.asnumpy)
+            return consensus.Consensus(self.algo, self.sdev.asarray(self.model.params),
+                                       self.n_workers, a, to_host=self.sdev.asnumpy)
         # on the host its passes over P floats share the rank's BLAS threads
         # (run.threads): the master's update bounds a block once GPU workers
         # compute faster than it
@@ -211,15 +239,18 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                                    self.n_workers, a, threads=current_blas_threads() or 1)
 
     def _host(self, a):
-        return a if self.dev is None else self.dev.asnumpy(a)
+        """a on the host (a itself where it is there already)."""
+        ops = self._ops
+        return a if ops is None or not ops.on_device(a) else ops.asnumpy(a)
 
     def _put(self, dst, src):
         """Copy host array src into dst (a host or, with device_state, a device
         array)."""
-        if self.dev is None or not self.dev.on_device(dst):
+        ops = self._ops
+        if ops is None or not ops.on_device(dst):
             np.copyto(dst, src)
         else:
-            self.dev.to_device(src, dst)
+            ops.to_device(src, dst)
 
     def _dev(self, a):
         return a if self.dev is None else self.dev.asarray(a)

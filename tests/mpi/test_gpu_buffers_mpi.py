@@ -7,7 +7,13 @@ buffer to the Allreduce after a stream synchronize; False: the buffer's
 model floats are staged through pinned host buffers. Either way z
 must be bitwise identical on every rank, close to the all-host MPI run,
 and there is one Allreduce per block. That a real CuPy update is bitwise
-equal to NumPy's is checked on a GPU (tests/gpu/test_gpu_ops.py)."""
+equal to NumPy's is checked on a GPU (tests/gpu/test_gpu_ops.py).
+
+A master of its own with a GPU (master_ops, run.master_device) keeps its
+consensus state and packed buffer on that device the same way: its z must
+be bitwise the host master's (run.master_device = cpu), and its
+evaluation, checkpoints, resume and model files must not tell the two
+apart."""
 import hashlib
 import os
 import sys
@@ -17,6 +23,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from ibtmpi import checkpoint as ckpt
 from ibtmpi import comm
 from ibtmpi.backend import GpuOps
 from ibtmpi.config import load
@@ -109,3 +116,97 @@ def test_gpu_buffers_resume_equals_uninterrupted(dataset, gpu_buffers):
     s = again.run()
     assert s["allreduce_calls"] == again.total_blocks - first.total_blocks   # resumed
     assert digest(np.asarray(again.z)) == digest(np.asarray(straight.z))
+
+
+def master_run(path, algo, extra, where, gpu_buffers, workers_gpu, run_dir=None):
+    """A Trainer whose master has a (stand-in) GPU; run.master_device=where."""
+    rank = W.Get_rank()
+    return Trainer(cfg(path, algo, (*extra, f"run.master_device={where}",
+                                    "run.checkpoint_every=2", "run.eval_every=2"), run_dir),
+                   log=lambda m: None, device_ops=ops() if rank and workers_gpu else None,
+                   gpu_buffers=gpu_buffers, master_ops=ops() if rank == 0 else None)
+
+
+def master_files(t):
+    """The master's files that hold z: model.npz, model-best.npz and its
+    newest checkpoint file, as {name: bytes}."""
+    out = {}
+    for name in ("model.npz", "model-best.npz"):
+        with np.load(os.path.join(t.run_dir, name)) as f:
+            out[name] = f["z"].tobytes()
+    k = ckpt.complete(t.run_dir)[-1]
+    got = ckpt.read_rank(os.path.join(ckpt.ckpt_dir(t.run_dir, k), ckpt.rank_file(0)),
+                         t._state_spec())
+    out.update({f"ckpt {k} {name}": np.asarray(a).tobytes() for name, a in got.items()})
+    return out
+
+
+MASTER_CASES = [(False, "admm", ("algorithm.adaptive_rho=true",
+                                 "algorithm.over_relaxation=1.5"), False),
+                (True, "ibt", (), True), (False, "bmuf", ("algorithm.warmup_steps=2",), False),
+                (True, "easgd", (), False), (False, "ma", (), True)]
+
+
+@pytest.mark.parametrize("gpu_buffers,algo,extra,workers_gpu", MASTER_CASES)
+def test_master_on_its_gpu_matches_the_host_master(dataset, gpu_buffers, algo, extra,
+                                                   workers_gpu):
+    rank = W.Get_rank()
+    runs, bad = {}, []        # bad: what failed here, asserted on every rank at once
+    for where in ("gpu", "cpu"):
+        t = master_run(dataset, algo, extra, where, gpu_buffers, workers_gpu)
+        on = rank > 0 and workers_gpu or rank == 0 and where == "gpu"
+        if (t.device_state, t.gpu_buffers) != (on, gpu_buffers and on):
+            bad.append(f"rank {rank} {where}: device_state {t.device_state}, "
+                       f"gpu_buffers {t.gpu_buffers}")
+        cp = _OPS["ops"].cp if rank == 0 else None
+        if rank == 0 and where == "gpu":     # the master's consensus state: on its GPU
+            bad += [f"{name} is on the host" for name in t.cons.vectors
+                    if not isinstance(getattr(t.cons, name), cp.ndarray)]
+        s = t.run()
+        assert s["allreduce_calls"] == t.total_blocks + t.cfg["algorithm"]["warmup_steps"]
+        if rank == 0:
+            log = [e for e in cp.cuda.log if e != "sync"]
+            # a synchronize before each device Allreduce, or the packed
+            # buffer's pinned host copies
+            if on and (log or cp.cuda.log.count("sync") < t.total_blocks if gpu_buffers
+                       else log != [("pinned", 4 * t.packet.size)] * 2):
+                bad.append(f"{where}: the stand-in's log {cp.cuda.log[:6]}")
+            if (s.get("master_consensus"), isinstance(t.z, cp.ndarray)) != (where, on):
+                bad.append(f"{where}: summary says {s.get('master_consensus')}, z is "
+                           f"{type(t.z).__name__}")
+        runs[where] = t
+    assert not sum(W.allgather(bad), [])
+    g, c = runs["gpu"], runs["cpu"]
+    assert len(set(W.allgather(digest(g.z)))) == 1, "z differs between ranks"
+    assert digest(g.z) == digest(c.z), "z of the master's GPU update is not the host's"
+    if rank:
+        return
+    # evaluation (on the GPU in both, from the device z in one), the best
+    # model, model.npz and the checkpoints (host copies; every checkpoint
+    # confirmed: the master's flags reached the Allreduce) alike
+    for key in ("val_loss", "val_acc", "train_loss", "rho"):
+        assert [h.get(key) for h in g.history] == [h.get(key) for h in c.history], key
+    for key in ("primal_residual", "dual_residual"):   # device sums: float64 rounding
+        np.testing.assert_allclose([h[key] for h in g.history],
+                                   [h[key] for h in c.history], rtol=1e-9)
+    assert any("val_loss" in h for h in g.history)
+    assert ckpt.complete(g.run_dir) == ckpt.complete(c.run_dir) != []
+    assert master_files(g) == master_files(c)
+    assert g.summary["test_acc"] == c.summary["test_acc"]
+
+
+@pytest.mark.parametrize("gpu_buffers,first,again", [(False, "gpu", "gpu"),
+                                                     (True, "cpu", "gpu")])
+def test_master_gpu_resume_equals_uninterrupted(dataset, gpu_buffers, first, again):
+    """A checkpoint of the master's device state resumes bitwise, also
+    across run.master_device (the files hold host copies)."""
+    rank = W.Get_rank()
+    straight = master_run(dataset, "ibt", (), "gpu", gpu_buffers, False)
+    straight.run()
+    d = W.bcast(tempfile.mkdtemp(prefix="ibtmpi-mastergpu-") if rank == 0 else None)
+    master_run(dataset, "ibt", ("run.passes=0.5",), first, gpu_buffers, False, d).run()
+    t = master_run(dataset, "ibt", (), again, gpu_buffers, False, d)
+    assert t.run()["resumed_at_block"] > 0
+    assert digest(t.z) == digest(straight.z)
+    if rank == 0:
+        assert isinstance(t.cons.z, t.sdev.cp.ndarray)

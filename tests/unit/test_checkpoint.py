@@ -142,7 +142,8 @@ def test_resume_follows_the_data_not_its_path(small_dataset, tmp_path, monkeypat
 
 def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path):
     """Manifests written before data.path left the digest (and before the
-    cuda_aware, progress_s, time_limit, profile, keep_best, early_stop, eval_device, model.init and learning-rate
+    cuda_aware, progress_s, time_limit, profile, keep_best, early_stop, eval_device,
+    master_device, model.init and learning-rate
     schedule keys existed) carry the legacy
     digest and no dataset entry."""
     import copy
@@ -153,7 +154,8 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
     for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
-                "early_stop", "early_stop_delta", "timeline", "eval_device"):
+                "early_stop", "early_stop_delta", "timeline", "eval_device",
+                "master_device"):
         old["run"].pop(key)
     old["model"].pop("init")          # nor model.init
     for key in ADDED_KEYS["optim"]:   # nor the learning-rate schedule, optim.name

@@ -183,3 +183,28 @@ def test_gpu_workers_upload_uint8_minibatches(small_dataset, tmp_path):
         ld.stage = None                      # (host batches, not through the feed)
     t2.run()
     assert t.z.tobytes() == t2.z.tobytes()
+
+
+def test_master_device_is_validated_and_one_process_keeps_the_host_state(small_dataset,
+                                                                          tmp_path):
+    """run.master_device: a bad value is one line; a process with workers
+    (here two simulated ones) keeps its consensus state on the host
+    whatever it says, so gpu is not refused there and z is the host's."""
+    from ibtmpi.config import ConfigError
+    with pytest.raises(ConfigError, match=r"^run.master_device must be auto, cpu or gpu, "
+                                          r"got 'tpu'$"):
+        load(None, [f"data.path={small_dataset}", "run.master_device=tpu"])
+    ops = GpuOps(cp=FakeCupy())
+    zs = []
+    for where in ("gpu", "cpu"):
+        t = Trainer(load(None, [f"data.path={small_dataset}", "model.layers=tiny",
+                                "data.split_size=40", "data.batch=16", "run.passes=0.25",
+                                "run.quiet=true", f"run.dir={tmp_path / where}",
+                                "run.simulate=2", "run.threads=1",
+                                f"run.master_device={where}"]),
+                    log=lambda m: None, device_ops=ops, master_ops=ops)
+        assert not t.device_state and t.sdev is None and type(t.cons.z) is np.ndarray
+        t.run()
+        assert t.summary["master_consensus"] == "cpu"
+        zs.append(t.z.tobytes())
+    assert zs[0] == zs[1]

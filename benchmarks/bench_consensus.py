@@ -13,7 +13,11 @@ Consensus.update over --reps calls, three ways interleaved in one run:
   threads    the same chunks shared over --threads threads (default: this
              process's usable cores; the trainer uses run.threads)
 
-Usage: python benchmarks/bench_consensus.py [--reps 15] [--p 2191941] [--threads T]
+  gpu        (--gpu) the same update on CuPy arrays, as a GPU worker's and,
+             under run.master_device, a master's of its own on its GPU
+             (whole vectors, synchronized after each call)
+
+Usage: python benchmarks/bench_consensus.py [--reps 15] [--p 2191941] [--threads T] [--gpu]
 """
 import argparse
 import os
@@ -36,30 +40,45 @@ def main(argv=None):
     ap.add_argument("--p", type=int, default=2191941)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--gpu", action="store_true",
+                    help="also time the update on the GPU (CuPy)")
     a = ap.parse_args(argv)
+    cp = None
+    if a.gpu:
+        import cupy as cp
     rng = np.random.default_rng(0)
     z0 = rng.standard_normal(a.p).astype(np.float32)
     S = (a.workers * z0 + rng.standard_normal(a.p)).astype(np.float32)
     print(f"Consensus.update, P = {a.p:,d}, N = {a.workers}, median of {a.reps} (ms)")
-    print(f"| algorithm | whole | chunked | chunked, {a.threads} threads | whole / threads |")
-    print("|---|---|---|---|---|")
+    gpu_col = " gpu |" if cp is not None else ""
+    print(f"| algorithm | whole | chunked | chunked, {a.threads} threads | whole / threads "
+          f"|{gpu_col}")
+    print("|---|---|---|---|---|" + ("---|" if cp is not None else ""))
     for algo in ("ma", "admm", "bmuf", "ibt", "easgd"):
         ways = {"whole": consensus.Consensus(algo, z0.view(Whole), a.workers, {"rho": 0.1}),
                 "chunked": consensus.Consensus(algo, z0, a.workers, {"rho": 0.1}),
                 "threads": consensus.Consensus(algo, z0, a.workers, {"rho": 0.1},
                                                threads=a.threads)}
+        if cp is not None:
+            ways["gpu"] = consensus.Consensus(algo, cp.asarray(z0), a.workers, {"rho": 0.1},
+                                              to_host=cp.asnumpy)
+        sums = {how: S if how != "gpu" else cp.asarray(S) for how in ways}
         times = {k: [] for k in ways}
         for rep in range(a.reps + 1):
             for how, c in ways.items():
                 t0 = time.perf_counter()
-                c.update(S, 1.0)
+                c.update(sums[how], 1.0)
+                if how == "gpu":
+                    cp.cuda.get_current_stream().synchronize()
                 if rep:
                     times[how].append(time.perf_counter() - t0)
-        zs = [np.asarray(c.z).tobytes() for c in ways.values()]
-        assert zs[0] == zs[1] == zs[2], f"{algo}: z differs between the ways"
+        zs = [(c.z.get() if how == "gpu" else np.asarray(c.z)).tobytes()
+              for how, c in ways.items()]
+        assert len(set(zs)) == 1, f"{algo}: z differs between the ways"
         m = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         print(f"| {algo} | {m['whole']:.1f} | {m['chunked']:.1f} | {m['threads']:.1f} "
-              f"| {m['whole'] / m['threads']:.2f}x |")
+              f"| {m['whole'] / m['threads']:.2f}x |"
+              + (f" {m['gpu']:.2f} |" if "gpu" in m else ""))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@
 #    also run.cuda_aware = off, and z of both modes compared bit for bit;
 #    the same one-process GPU run twice, z compared bit for bit; the MPI
 #    run's timeline (train_timeline.json: every rank's spans per block);
+#    under mpiexec the master's consensus update on its GPU against the
+#    host's, z compared bit for bit; the update timed on host and GPU;
 #    a run under a GPU memory limit must end with exit 71 and one line
 # Every stage runs under its own time limit, so one that hangs costs its
 # limit, not the rest, and all of them within GPU_CHECK_BUDGET seconds (450
@@ -46,10 +48,11 @@ install_tree "$site"
 # test_gpu_check.py): it checks this script, not the GPU
 if [ "${GPU_CHECK_QUICK:-0}" = 1 ]; then
     images="--n 300 --size 16" step="--batches 2,3 --steps 1 --warmup 1"
+    cons="--p 20000 --reps 2"
     model="--set model.layers=tiny --set data.batch=16 --set data.split_size=40"
     r8size=16 r18size=16
 else
-    images="--n 4000 --size 64" step="" model="--set data.split_size=256"
+    images="--n 4000 --size 64" step="" model="--set data.split_size=256" cons=""
     r8size=32 r18size=64
 fi
 env_stages "$out/env.txt"
@@ -78,6 +81,12 @@ if mpi_launcher 3; then
     # run.cuda_aware = auto: the "block buffers:" line says what the MPI
     # library reported and where the workers' buffers went
     stage train-mpi 180 "$out/train.txt" $mpiexec -n 3 "$py" -m ibtmpi train --device gpu $sets
+    # the master keeps z on its GPU there (run.master_device = auto): with
+    # its update on the host instead z must be the same bit for bit
+    sets3="${sets/run.dir=$tmp\/run/run.dir=$tmp/run-master-cpu}"
+    stage train-mpi-master-cpu 180 "$out/train.txt" \
+        $mpiexec -n 3 "$py" -m ibtmpi train --device gpu $sets3 --set run.master_device=cpu
+    same_z "master on its GPU vs on the host" "$tmp/run" "$tmp/run-master-cpu"
     aware=$(timeout 60 python3 -c "from ibtmpi import comm; print(comm.cuda_support()[0])")
     if [ "$aware" = True ]; then
         # both modes: with 2 workers the reduced sums and so z must be bitwise equal
@@ -99,6 +108,10 @@ for i in 1 2; do
 done
 same_z "GPU run repeated" "$tmp/rep1" "$tmp/rep2"
 tail -n 5 "$tmp/repeat.log" >>"$out/train.txt" 2>/dev/null
+# the consensus update per block at the reference CNN's size: on the host
+# (the master without a GPU) and on the GPU (GPU workers, and the master
+# under run.master_device), z checked bit for bit between them
+stage consensus-update 120 "$out/consensus.txt" python3 benchmarks/bench_consensus.py --gpu $cons
 # out of GPU memory: a pool limit (CuPy's CUPY_GPU_MEMORY_LIMIT) below what
 # training needs must end the run with exit status 71 and one line naming
 # the GPU, no traceback

@@ -16,14 +16,20 @@ def rows(text):
             and not line.startswith("| bytes")]
 
 
-def test_consensus_benchmark():
+@pytest.mark.parametrize("gpu", [False, True])
+def test_consensus_benchmark(gpu):
+    """gpu: the update on CuPy arrays too (the stand-in here: its times mean
+    nothing, the bits must be the host's)."""
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "tests", "standin")} if gpu else None
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_consensus.py"),
-                        "--p", "200003", "--reps", "2", "--threads", "3"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr[-2000:]      # it asserts z is the same all 3 ways
+                        "--p", "200003", "--reps", "2", "--threads", "3"]
+                       + (["--gpu"] if gpu else []),
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]      # it asserts z is the same every way
     got = rows(r.stdout)
     assert [x[0] for x in got] == ["ma", "admm", "bmuf", "ibt", "easgd"], r.stdout
     assert all(min(map(float, x[1:4])) > 0 and x[4].endswith("x") for x in got), r.stdout
+    assert all(len(x) == 5 + gpu for x in got), r.stdout
 
 
 @pytest.mark.skipif(not os.path.exists(os.path.join(BIN, "mpiexec")),

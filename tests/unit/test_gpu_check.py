@@ -47,7 +47,7 @@ def ok(stages, names, log):
 
 COMMON = ["imports", "info", "compile", "gpu-tests", "step-vs-cudnn", "step-resnet8",
           "step-resnet18", "prep"]
-REPEAT = ["repeat-1", "repeat-2", "out-of-memory"]
+REPEAT = ["repeat-1", "repeat-2", "consensus-update", "out-of-memory"]
 
 
 
@@ -73,17 +73,21 @@ def prefix_mpiexec(tmp_path):
 def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
     out, stages, log = rehearse(tmp_path, f"{BIN}{os.pathsep}{os.environ['PATH']}",
                                 AWARE + prefix_mpiexec(tmp_path))
-    ok(stages, COMMON + ["train-mpi", "train-mpi-cuda-aware-off"] + REPEAT, log)
+    ok(stages, COMMON + ["train-mpi", "train-mpi-master-cpu", "train-mpi-cuda-aware-off"]
+       + REPEAT, log)
     train = (out / "train.txt").read_text()
     assert "device buffers to MPI" in train and "staged through pinned host buffers" in train
     assert "cuda_aware on vs off, z bitwise equal: True" in train, train
+    assert "master on its GPU vs on the host, z bitwise equal: True" in train, train
+    assert "the master keeps z and the consensus state on its GPU" in train, train
     assert "GPU run repeated, z bitwise equal: True" in train, train
     assert "CUPY_GPU_MEMORY_LIMIT=300000: exit status 71 (71 expected)" in train, train
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["env.txt", "gpu_step.json", "gpu_step.txt", "gpu_step_resnet18.json",
-                     "gpu_step_resnet18.txt", "gpu_step_resnet8.json", "gpu_step_resnet8.txt",
-                     "gpu_tests.txt", "stages.txt", "train.txt", "train_summary.json",
-                     "train_timeline.json"]   # 12 come back
+    assert files == ["consensus.txt", "env.txt", "gpu_step.json", "gpu_step.txt",
+                     "gpu_step_resnet18.json", "gpu_step_resnet18.txt", "gpu_step_resnet8.json",
+                     "gpu_step_resnet8.txt", "gpu_tests.txt", "stages.txt", "train.txt",
+                     "train_summary.json", "train_timeline.json"]   # 13 come back
+    assert "| ibt |" in (out / "consensus.txt").read_text()
     r18 = json.loads((out / "gpu_step_resnet18.json").read_text())
     assert [(r["model"], r["batch"]) for r in r18] == [("resnet18", 2), ("resnet18", 3)]
     assert [r["batch"] for r in json.loads((out / "gpu_step.json").read_text())] == [2, 3]
@@ -92,6 +96,7 @@ def test_gpu_check_stages_with_mpiexec_and_a_cuda_aware_library(tmp_path):
     assert "GPU: 1 CUDA device(s)\n  GPU 0: CuPy stand-in, compute capability 9.0, 16.0 GiB (" in env
     summary = json.loads((out / "train_summary.json").read_text())
     assert (summary["N"], summary["world_size"], summary["simulated"]) == (2, 3, False)
+    assert summary["master_consensus"] == "gpu"
 
 
 def test_gpu_check_stages_without_mpiexec(tmp_path):

@@ -118,7 +118,11 @@ def oom_text(err, rank, phase, block, batch, gpu=None, pool_mib=None, sharing=1,
     unit = "GPU" if gpu is not None else "node"
     fix = (f"Lower data.batch (now {batch}; it is part of the configuration, so train "
            f"in a new run.dir)")
-    if master:
+    if master and gpu is not None:
+        fix = ("The master keeps z and its consensus state on this GPU "
+               "(run.master_device) and evaluates there: set run.master_device=cpu and "
+               "run.eval_device=cpu, or give rank 0 a GPU with more free memory")
+    elif master:
         fix = ("The master holds the val and test splits in memory and evaluates 256 "
                "images at a time: give rank 0 a node (or a share of one) with more "
                "memory, or make the val and test splits smaller")

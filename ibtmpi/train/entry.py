@@ -212,6 +212,9 @@ def _out_of_memory(err, trainer, cfg, ops, size, rank):
     job is aborted with EXIT_NO_MEMORY."""
     from ..memory import EXIT_NO_MEMORY, MIB, oom_text
     gpu = pool = None
+    if (ops is None and trainer is not None and getattr(trainer, "sdev", None) is not None
+            and type(err).__name__ == "OutOfMemoryError"):    # CuPy's: the master's GPU
+        ops = trainer.sdev                                     # (run.master_device)
     if ops is not None:
         try:
             gpu, pool = ops.device_id(), ops.pool_bytes() / MIB

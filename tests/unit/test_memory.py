@@ -64,6 +64,9 @@ def test_texts():
                              16, master=True)
     assert "phase evaluation: Unable to allocate 8 GiB. The master holds the val" in master
     assert "data.batch" not in master
+    mgpu = memory.oom_text(MemoryError("Out of memory allocating 8 bytes."), 0, "consensus",
+                           3, 16, gpu=0, pool_mib=10.0, master=True)
+    assert "out of memory (GPU 0)" in mgpu and "run.master_device=cpu" in mgpu
 
 
 def test_gpu_pool_figure_is_the_pools_high_water(small_dataset, tmp_path):

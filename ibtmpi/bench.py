@@ -12,6 +12,7 @@ PNG plots:
   + data wait), Allreduce calls/bytes per pass, rank 0 CPU; Horovod-style
   images/s per worker, mean +- 1.96 sigma after 2 warm-up blocks;
   T4 validation accuracy vs pass; T5 residuals and rho; T6 time breakdown;
+  T7 time to 99% of N = 1's final validation accuracy (ibtmpi/tta.py);
   the targets, and the machine, MPI library, git commit and configs.
 Test: tests/unit/test_bench.py.
 """
@@ -29,6 +30,7 @@ import time
 from . import launcher
 from .consensus import ALGORITHMS
 from .monitor import STARVED_SHARE, starved_workers
+from .tta import how_timed, plot as tta_plot, table as tta_table
 
 ALGOS = tuple(ALGORITHMS)          # every registered algorithm, in registration order
 BASELINE = "sgd"                   # the N = 1 run every speedup and target is against
@@ -255,48 +257,13 @@ def _cell(rows):
     return cell + (f", {div} diverged" if div else "")
 
 
-def time_to_accuracy(run, target):
-    """(seconds, passes) of training until the first evaluation of the run
-    with val_acc >= target: its blocks' honest walls summed (a simulated
-    run's are its workers' compute one after the other); None if never."""
-    t = 0.0
-    for line in run["metrics"]:
-        t += line["wall_s"]
-        if line.get("val_acc") is not None and line["val_acc"] >= target:
-            return t, (line["block"] + 1) / max(1, line["blocks_total"]) * run["passes"]
-    return None
-
-
-def _time_to_accuracy_table(runs, base, frac=0.99):
-    """T7: time and passes to frac of the N = 1 run's final validation
-    accuracy, per run (one seed per cell)."""
-    vals = [l["val_acc"] for l in (base or {}).get("metrics", []) if "val_acc" in l]
-    if not vals:
-        return []
-    target = frac * vals[-1]
-    out = [f"## T7: time to {frac:.0%} of N = 1's final validation accuracy "
-           f"({target:.4f})", "",
-           "| run | algorithm | N | block | passes to target | seconds to target | "
-           "how timed |", "|---|---|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: (r.get("block_size") or 0, r["algorithm"], r["N"])):
-        hit = time_to_accuracy(r, target)
-        how = "simulated: workers in turn" if r["simulated"] and r["N"] > 1 else (
-            "MPI" if r["N"] > 1 else "one process")
-        got = (f"{hit[1]:.2f} | {hit[0]:.1f}" if hit else "not reached | -")
-        out.append(f"| {r['name']} | {r['algorithm']} | {r['N']} | "
-                   f"{r.get('block_size') or r.get('split_size')} | {got} | {how} |")
-    return out + ["", "Seconds are the runs' honest block walls summed up to that "
-                  "evaluation; a simulated run's N workers compute one after the other, "
-                  "so its seconds are N times a parallel run's compute (passes compare "
-                  "across both).", ""]
-
-
 def _first_seed(runs):
-    """One run per (algorithm, N, block size): the lowest seed, for the
-    tables of times and the plots."""
+    """One run per (algorithm, N, block size, how timed): the lowest seed,
+    for the tables of times and the plots (a run on a simulated cluster
+    and one on this node, or a modelled one, stay apart)."""
     out = {}
     for r in sorted(runs, key=lambda r: tuple(r.get("seed") or (0, 0))):
-        out.setdefault((r["algorithm"], r["N"], r.get("block_size")), r)
+        out.setdefault((r["algorithm"], r["N"], r.get("block_size"), how_timed(r)), r)
     return list(out.values())
 
 
@@ -345,12 +312,12 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     base = next((r for r in ok if r["N"] == 1), None)
     md += _time_table(ok, base)
     tta = _first_seed([r for r in runs if not r["diverged"]])
-    md += _time_to_accuracy_table(tta, next((r for r in tta if r["N"] == 1), None))
+    md += tta_table(tta, next((r for r in tta if r["N"] == 1), None))
     md += _targets(ok, every, base, target_pt, holdout)
     md += _failed_runs(run_dirs)
     from .outputs import NoPlotting
     try:
-        files = _plots(ok, out_dir) + _tta_plot(tta, out_dir)
+        files = _plots(ok, out_dir) + tta_plot(tta, out_dir)
         md += ["", "## Plots", ""] + [f"![{os.path.basename(f)}]({os.path.basename(f)})"
                                       for f in files]
     except NoPlotting as e:
@@ -485,37 +452,6 @@ def _failed_runs(run_dirs):
             failed.append(f"- {os.path.basename(d.rstrip('/'))}: exit {code} "
                           f"(its output: {fp})")
     return ["", "## Failed runs (not in the tables)", ""] + failed if failed else []
-
-
-def _tta_plot(runs, out_dir):
-    """T7: validation accuracy against the training seconds so far, every
-    run (one seed per cell)."""
-    from .outputs import pyplot
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    drawn = 0
-    for r in runs:
-        t, xs, ys = 0.0, [], []
-        for line in r["metrics"]:
-            t += line["wall_s"]
-            if line.get("val_acc") is not None:
-                xs.append(t)
-                ys.append(line["val_acc"])
-        if xs:
-            ax.plot(xs, ys, marker=".", label=r["name"])
-            drawn += 1
-    if not drawn:
-        plt.close(fig)
-        return []
-    ax.set_xlabel("training seconds (honest block walls; simulated runs: serial)")
-    ax.set_ylabel("validation accuracy")
-    ax.set_title("T7: time to accuracy")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "t7_time_to_accuracy.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
 
 
 def _plots(runs, out_dir):

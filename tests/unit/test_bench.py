@@ -70,11 +70,13 @@ def test_report_tables_plots_and_targets(small_dataset, tmp_path, capsys):
         if line.get("val_acc") is not None and line["val_acc"] >= target:
             k = line
             break
-    hit = bench.time_to_accuracy(bench.load_run(str(tmp_path / "t1-ibt-2")), target)
+    from ibtmpi import tta
+    hit = tta.reach(bench.load_run(str(tmp_path / "t1-ibt-2")), target)
     if k is None:
         assert hit is None and "| t1-ibt-2 | ibt | 2 |" in md and "not reached" in md
     else:
-        assert hit[0] == pytest.approx(t) and f"| {hit[0]:.1f} | simulated" in md
+        assert hit["seconds"] == pytest.approx(t)
+        assert f"| {hit['seconds']:.1f} | - | - | simulated" in md
     assert main(["bench", "report", str(tmp_path / "nothing"), "--out", str(out)]) == 2
 
 

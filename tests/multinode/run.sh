@@ -16,14 +16,19 @@
 # Usage (root; everything is torn down at the end, also on failure or
 # Ctrl-C, leaving no namespace, link or process behind):
 #   bash tests/multinode/run.sh [--venv DIR] [--nodes 3] [--rate 1gbit]
-#                               [--algos ssgd,admm,ibt,bmuf]
+#                               [--algos ssgd,admm,ibt,bmuf] [--data DIR]
+#                               [--set SECTION.KEY=VALUE ...] [--keep DIR]
 # --nodes: 2 to 8 nodes, one rank each (rank 0, the master, on node1).
 # --algos: afterwards, the Allreduce's alpha and beta measured across the
 # nodes at this rate (benchmarks/allreduce_alpha_beta.py), then each
 # algorithm's time per pass (honest: summary.json pass_s), the bytes that
 # crossed the links, and the scaling model's time per pass for the run
 # (its own compute and master figures, the measured alpha and beta:
-# tests/multinode/predict.py) with the model's error.
+# tests/multinode/predict.py) with the model's error. --data and --set
+# (repeatable) change only these comparison runs: another data set and
+# settings added after the defaults (benchmarks/time_to_accuracy.py's
+# recipe); --keep DIR copies their run directories (DIR/cmp-ALGO) and
+# DIR/ab.json out before everything is removed.
 # Then Slurm across the same nodes (SLURM_PART=0 skips it; preemption and
 # requeue of a job across them included): slurmctld in the
 # root namespace, one slurmd per node namespace with its hostname as
@@ -39,13 +44,19 @@ VENV=${VENV:-$ROOT/.venv}
 RATE=1gbit
 ALGOS=""
 NODES=3
+CMP_DATA=""
+CMP_SETS=()
+KEEP=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --venv) VENV=$2; shift 2 ;;
         --rate) RATE=$2; shift 2 ;;
         --algos) ALGOS=$2; shift 2 ;;
         --nodes) NODES=$2; shift 2 ;;
-        *) echo "usage: $0 [--venv DIR] [--nodes 3] [--rate 1gbit] [--algos a,b]" >&2; exit 2 ;;
+        --data) CMP_DATA=$(cd "$2" && pwd) || exit 2; shift 2 ;;
+        --set) CMP_SETS+=(--set "$2"); shift 2 ;;
+        --keep) KEEP=$2; shift 2 ;;
+        *) echo "usage: $0 [--venv DIR] [--nodes 3] [--rate 1gbit] [--algos a,b] [--data DIR] [--set K=V] [--keep DIR]" >&2; exit 2 ;;
     esac
 done
 PY=$VENV/bin/python
@@ -284,6 +295,7 @@ for algo in ${ALGOS//,/ }; do
     if timeout 900 "$MPIEXEC" -iface "$BR" -launcher ssh -launcher-exec "$WORK/launch" \
             -hosts "$HOSTS" -ppn 1 -n $NODES -genv UCX_TLS tcp,self \
             -genv UCX_NET_DEVICES eth0 "$PY" -m ibtmpi train "${SETS[@]}" \
+            ${CMP_DATA:+--set data.path="$CMP_DATA"} "${CMP_SETS[@]}" \
             --set algorithm.name="$algo" --set run.dir="$WORK/cmp-$algo" > "cmp-$algo.log" 2>&1; then
         bytes=$(( $(across) - before ))
         "$PY" - "$WORK/cmp-$algo" "$algo" "$RATE" "$bytes" <<'PY'
@@ -301,6 +313,9 @@ PY
     else
         bad "$algo on $NODES nodes failed:"; tail -5 "cmp-$algo.log"
     fi
+    [ -n "$KEEP" ] && [ -d "$WORK/cmp-$algo" ] && mkdir -p "$KEEP" \
+        && rm -rf "${KEEP:?}/cmp-$algo" && cp -a "$WORK/cmp-$algo" "$KEEP/"
 done
+[ -n "$KEEP" ] && [ -s "$WORK/ab.json" ] && cp "$WORK/ab.json" "$KEEP/"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

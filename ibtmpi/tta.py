@@ -46,9 +46,9 @@ def how_timed(run):
     t = timing(run)
     if t.get("how"):
         return t["how"]
-    if run["N"] == 1:
+    if run.get("N") == 1:
         return "measured: one process"
-    return "simulated: workers in turn" if run["simulated"] else "measured: MPI"
+    return "simulated: workers in turn" if run.get("simulated") else "measured: MPI"
 
 
 def reach(run, goal):

@@ -68,3 +68,12 @@ def test_model_block_and_its_error(tmp_path):
     assert inputs["allreduce_calls_per_block"] == 2
     own = 0.5 + 2 * (2 * 2 * a + 2 * 2 / 3 * 4000 * b)
     assert tta.model_error(run, a, b) == pytest.approx(own * 2 / 1.2 - 1)
+
+
+def test_a_repeat_on_the_cluster_counts_once_in_the_accuracy_tables(tmp_path):
+    from ibtmpi.bench import _one_per_seed
+    here, net, other = (_run(tmp_path / d) for d in ("here", "net", "other"))
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / tta.TIMING).write_text(json.dumps({"how": "measured: 3 nodes"}))
+    net["name"], other["seed"] = "net-ibt-2", (1, 1)
+    assert _one_per_seed([net, here, other]) == [here, other]

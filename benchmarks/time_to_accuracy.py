@@ -58,7 +58,7 @@ def alpha_beta(a, log):
         subprocess.run(cmd, check=True, capture_output=True)
     ab = json.load(open(path))
     where = a.net_label if a.net else "this node (shared memory)"
-    return ab["alpha_s"], ab["beta_s_per_byte"], f"{where}, p = {ab['p']}"
+    return ab["alpha_s"], ab["beta_s_per_byte"], f"{where} (alpha/beta of {ab['p']} ranks)"
 
 
 def network_runs(a):
@@ -98,6 +98,25 @@ def model(a, sims, log):
         log(f"  {os.path.basename(d)}: {how}")
 
 
+def finished(out):
+    """The run directories in out with a summary.json (not the cluster's
+    copies, which network_runs makes again)."""
+    return [os.path.join(out, d) for d in sorted(os.listdir(out))
+            if not d.startswith("net-") and os.path.isfile(os.path.join(out, d, "summary.json"))]
+
+
+def simulated(dirs, ns):
+    """(dir, algorithm, N) of the simulated runs among dirs with N in ns."""
+    out = []
+    for d in dirs:
+        if not os.path.isfile(os.path.join(d, "summary.json")):
+            continue                                   # diverged
+        s = json.load(open(os.path.join(d, "summary.json")))
+        if s.get("simulated") and s["N"] in ns:
+            out.append((d, s["algorithm"], s["N"]))
+    return out
+
+
 def ints(text):
     return [int(x) for x in text.split(",") if x]
 
@@ -122,6 +141,9 @@ def main():
     ap.add_argument("--net-label", default="simulated cluster")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--fresh", action="store_true")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: model and report the finished runs OUT holds "
+                    "(the set's and any other run directory of the same recipe)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     n_train = json.load(open(os.path.join(a.data, "dataset.json")))["splits"]["train"]["n"]
@@ -133,6 +155,9 @@ def main():
           f"tests/multinode/run.sh --nodes 3 --rate 1gbit --algos {','.join(a.algos)} "
           f"--data {a.data} {sets} --keep DIR; then --net DIR", flush=True)
     dirs, failed = [a.base] if a.base else [], []
+    if a.report_only:
+        dirs += finished(a.out)
+        jobs = []
     for name, algo, n, mpi in jobs:
         if bench.run_one(a.out, name, a.data, algo, n, settings(a, n, n_train), mpi,
                          fresh=a.fresh):
@@ -141,8 +166,7 @@ def main():
             failed.append(name)
     if a.net:
         dirs += network_runs(a)
-    model(a, [(os.path.join(a.out, name), algo, n) for name, algo, n, mpi in jobs
-              if n in a.model_ns and os.path.join(a.out, name) in dirs], print)
+    model(a, simulated(dirs, a.model_ns), print)
     text, _ = bench.report(dirs, os.path.join(a.out, "report"))
     print(text[text.index("## T7"):].split("\n## ")[0] if "## T7" in text else text)
     return 1 if failed else 0

@@ -71,6 +71,12 @@ def reach(run, goal):
     return None
 
 
+def _seconds(run):
+    """The run's training seconds in all: honest walls, or modelled."""
+    block_s = timing(run).get("block_s")
+    return sum(l["wall_s"] if block_s is None else block_s for l in run["metrics"])
+
+
 def _best(run):
     vals = [l["val_acc"] for l in run["metrics"] if l.get("val_acc") is not None]
     return max(vals) if vals else float("nan")
@@ -91,12 +97,14 @@ def table(runs, base, frac=FRAC):
             got = (f"{hit['passes']:.2f} | {hit['seconds']:.1f} | "
                    + " | ".join("-" if hit[k] is None else f"{hit[k]:.1f}"
                                 for k in ("critical_s", "cpu_s")))
-        else:
-            got = f"not reached in {r['passes']:g} (best {_best(r):.4f}) | - | - | -"
+        else:                   # its whole training: a lower bound on the time to it
+            got = (f"not reached in {r['passes']:g} (best {_best(r):.4f}) | "
+                   f"> {_seconds(r):.1f} | - | -")
         out.append(f"| {r['name']} | {r['algorithm']} | {r['N']} | "
                    f"{r.get('block_size') or r.get('split_size')} | {got} | {how_timed(r)} |")
     return out + ["", "Seconds: the runs' honest block walls summed up to that evaluation, "
-                  "or where modelled the run's blocks times the model's block time; a "
+                  "or where modelled the run's blocks times the model's block time (a run "
+                  "that never reached the target: its whole training, > that); a "
                   "simulated run without a model computes its N workers one after the "
                   "other (N times a parallel run's compute; its passes compare across "
                   "all). Critical path: the slowest worker's compute and data wait per "

@@ -50,7 +50,7 @@ def test_reach_measured_modelled_and_simulated(tmp_path):
     assert "(0.8910)" in md
     assert "| t1-ibt-2 | ibt | 2 | 10 | 1.50 | 0.8 | 2.7 | 1.8 | modelled: x |" in md
     assert "| 1.50 | 4.5 | - | - | simulated: workers in turn |" in md
-    assert "not reached in 2 (best 0.9500)" in "\n".join(tta.table([run], base, frac=1.1))
+    assert "not reached in 2 (best 0.9500) | > 1.0 |" in "\n".join(tta.table([run], base, frac=1.1))
     assert tta.table([run], {"metrics": []}) == []
 
 

@@ -58,7 +58,7 @@ def alpha_beta(a, log):
         subprocess.run(cmd, check=True, capture_output=True)
     ab = json.load(open(path))
     where = a.net_label if a.net else "this node (shared memory)"
-    return ab["alpha_s"], ab["beta_s_per_byte"], f"{where} (alpha/beta of {ab['p']} ranks)"
+    return ab["alpha_s"], ab["beta_s_per_byte"], f"{where}, alpha/beta of {ab['p']} ranks"
 
 
 def network_runs(a):

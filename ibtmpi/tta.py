@@ -133,6 +133,10 @@ def plot(runs, out_dir):
     if not drawn:
         plt.close(fig)
         return []
+    goal = target(next((r for r in runs if r["N"] == 1), None))
+    if goal is not None:
+        ax.axhline(goal, color="k", lw=0.8, ls=":", label=f"target {goal:.4f}")
+        ax.set_ylim(max(0.0, goal - 0.15), 1.0)
     ax.set_xlabel("training seconds (honest block walls; dashed: modelled)")
     ax.set_ylabel("validation accuracy")
     ax.set_title("T7: time to accuracy")

@@ -17,6 +17,7 @@ apart."""
 import hashlib
 import os
 import sys
+import shutil
 import tempfile
 
 import numpy as np
@@ -45,9 +46,27 @@ def ops():
     return _OPS["ops"]
 
 
+_DIRS = []
+
+
+def tmpdir(prefix):
+    """A directory every rank sees, removed when the module's tests end."""
+    d = W.bcast(tempfile.mkdtemp(prefix=prefix) if W.Get_rank() == 0 else None)
+    _DIRS.append(d)
+    return d
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_dirs():
+    yield
+    W.Barrier()
+    if W.Get_rank() == 0:
+        for d in _DIRS:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def cfg(path, algo, extra=(), run_dir=None):
-    run_dir = run_dir or W.bcast(tempfile.mkdtemp(prefix="ibtmpi-gpubuf-run-")
-                                 if W.Get_rank() == 0 else None)
+    run_dir = run_dir or tmpdir("ibtmpi-gpubuf-run-")
     return load(None, [f"data.path={path}", f"algorithm.name={algo}",
                        "data.split_size=30", "data.batch=10", "model.layers=tiny",
                        "run.passes=1.5", "run.quiet=true", f"run.dir={run_dir}",
@@ -112,7 +131,7 @@ def test_gpu_buffers_resume_equals_uninterrupted(dataset, gpu_buffers):
     straight = Trainer(cfg(dataset, "ibt", extra), log=lambda m: None,
                        device_ops=ops() if rank else None, gpu_buffers=gpu_buffers)
     straight.run()
-    d = W.bcast(tempfile.mkdtemp(prefix="ibtmpi-gpubuf-res-") if rank == 0 else None)
+    d = tmpdir("ibtmpi-gpubuf-res-")
     first = Trainer(cfg(dataset, "ibt", extra + ("run.passes=0.5",), run_dir=d),
                     log=lambda m: None, device_ops=ops() if rank else None,
                     gpu_buffers=gpu_buffers)
@@ -210,7 +229,7 @@ def test_master_gpu_resume_equals_uninterrupted(dataset, gpu_buffers, first, aga
     rank = W.Get_rank()
     straight = master_run(dataset, "ibt", (), "gpu", gpu_buffers, False)
     straight.run()
-    d = W.bcast(tempfile.mkdtemp(prefix="ibtmpi-mastergpu-") if rank == 0 else None)
+    d = tmpdir("ibtmpi-mastergpu-")
     master_run(dataset, "ibt", ("run.passes=0.5",), first, gpu_buffers, False, d).run()
     t = master_run(dataset, "ibt", (), again, gpu_buffers, False, d)
     assert t.run()["resumed_at_block"] > 0

@@ -155,7 +155,7 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
                 "early_stop", "early_stop_delta", "timeline", "eval_device",
-                "master_device"):
+                "master_device", "gpu_math", "cuda_graphs"):
         old["run"].pop(key)
     old["model"].pop("init")          # nor model.init
     for key in ADDED_KEYS["optim"]:   # nor the learning-rate schedule, optim.name

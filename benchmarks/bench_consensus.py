@@ -43,36 +43,37 @@ def main(argv=None):
     ap.add_argument("--gpu", action="store_true",
                     help="also time the update on the GPU (CuPy)")
     a = ap.parse_args(argv)
-    cp = None
-    if a.gpu:
-        import cupy as cp
+    g = None
+    if a.gpu:                       # CuPy through the backend, its only importer
+        from ibtmpi.backend import GpuOps
+        g = GpuOps()
     rng = np.random.default_rng(0)
     z0 = rng.standard_normal(a.p).astype(np.float32)
     S = (a.workers * z0 + rng.standard_normal(a.p)).astype(np.float32)
     print(f"Consensus.update, P = {a.p:,d}, N = {a.workers}, median of {a.reps} (ms)")
-    gpu_col = " gpu |" if cp is not None else ""
+    gpu_col = " gpu |" if g is not None else ""
     print(f"| algorithm | whole | chunked | chunked, {a.threads} threads | whole / threads "
           f"|{gpu_col}")
-    print("|---|---|---|---|---|" + ("---|" if cp is not None else ""))
+    print("|---|---|---|---|---|" + ("---|" if g is not None else ""))
     for algo in ("ma", "admm", "bmuf", "ibt", "easgd"):
         ways = {"whole": consensus.Consensus(algo, z0.view(Whole), a.workers, {"rho": 0.1}),
                 "chunked": consensus.Consensus(algo, z0, a.workers, {"rho": 0.1}),
                 "threads": consensus.Consensus(algo, z0, a.workers, {"rho": 0.1},
                                                threads=a.threads)}
-        if cp is not None:
-            ways["gpu"] = consensus.Consensus(algo, cp.asarray(z0), a.workers, {"rho": 0.1},
-                                              to_host=cp.asnumpy)
-        sums = {how: S if how != "gpu" else cp.asarray(S) for how in ways}
+        if g is not None:
+            ways["gpu"] = consensus.Consensus(algo, g.asarray(z0), a.workers, {"rho": 0.1},
+                                              to_host=g.asnumpy)
+        sums = {how: S if how != "gpu" else g.asarray(S) for how in ways}
         times = {k: [] for k in ways}
         for rep in range(a.reps + 1):
             for how, c in ways.items():
                 t0 = time.perf_counter()
                 c.update(sums[how], 1.0)
                 if how == "gpu":
-                    cp.cuda.get_current_stream().synchronize()
+                    g.synchronize()
                 if rep:
                     times[how].append(time.perf_counter() - t0)
-        zs = [(c.z.get() if how == "gpu" else np.asarray(c.z)).tobytes()
+        zs = [(g.asnumpy(c.z) if how == "gpu" else np.asarray(c.z)).tobytes()
               for how, c in ways.items()]
         assert len(set(zs)) == 1, f"{algo}: z differs between the ways"
         m = {k: statistics.median(v) * 1e3 for k, v in times.items()}

@@ -18,14 +18,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no GPU: {WHY}
 RNG = np.random.default_rng(5)
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from ibtmpi.data_prep.prep import prep_synth
-    out = str(tmp_path_factory.mktemp("ds") / "synth16")
-    prep_synth(out, n=600, size=16, seed=4, shards=3, quiet=True)
-    return out
-
-
 def _model(g, spec):
     from ibtmpi.model import Model
     m = Model(spec, (3, 16, 16), 5, ops=g, seed=2)
@@ -51,12 +43,12 @@ def test_graph_replay_equals_launched_steps_bitwise(spec):
     assert a.graphs.captures == 2 and a.graphs.replays == 5
 
 
-def test_feed_and_graphs_run_equals_host_augmented_run(data, tmp_path):
+def test_feed_and_graphs_run_equals_host_augmented_run(small_dataset, tmp_path):
     from ibtmpi.config import load
     from ibtmpi.train import Trainer
 
     def cfg(name, *extra):
-        return load(None, [f"data.path={data}", "algorithm.name=ibt", "data.split_size=40",
+        return load(None, [f"data.path={small_dataset}", "algorithm.name=ibt", "data.split_size=40",
                            "data.batch=16", "model.layers=tiny", "run.passes=1",
                            "run.quiet=true", f"run.dir={tmp_path / name}", "run.simulate=2",
                            "run.threads=1", "data.augment=true", *extra])

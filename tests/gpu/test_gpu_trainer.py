@@ -15,19 +15,11 @@ OK, WHY = backend.gpu_status()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no GPU: {WHY}")]
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from ibtmpi.data_prep.prep import prep_synth
-    out = str(tmp_path_factory.mktemp("ds") / "synth16")
-    prep_synth(out, n=600, size=16, seed=4, shards=3, quiet=True)
-    return out
-
-
 @pytest.mark.parametrize("algo", ["admm", "ibt", "easgd", "ssgd"])
-def test_gpu_workers_match_the_host_backend(data, tmp_path, algo):
+def test_gpu_workers_match_the_host_backend(small_dataset, tmp_path, algo):
     from test_device_path import device_vs_host
     # cuBLAS sums in another order than NumPy's BLAS: close, not bitwise
-    device_vs_host(data, tmp_path, algo, backend.GpuOps(), 1e-3)
+    device_vs_host(small_dataset, tmp_path, algo, backend.GpuOps(), 1e-3)
 
 
 def test_step_grad_keeps_the_loss_on_the_device():

@@ -10,6 +10,9 @@ import pytest
 from ibtmpi import backend
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
+import conftest as _unit  # noqa: E402
+
+small_dataset = _unit.small_dataset     # the unit suite's data set fixture
 
 OK, WHY = backend.gpu_status()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not OK, reason=f"no GPU: {WHY}")]

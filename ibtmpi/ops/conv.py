@@ -11,7 +11,8 @@ kernels mirror the plain versions, which stay the reference): a conv
 followed by a 2x2/stride-2 max-pool orders its GEMM columns by pooling
 phase (``phase="rows"`` or ``"quads"``, see ``im2col``), so the pool reads
 contiguous blocks; a stride-1 conv computes its input gradient on the
-padded grid (``_input_grad_on_grid``). NumPy's element-wise loops run 5-10x
+padded grid (conv_grid.py ``input_grad_on_grid``; there too the host's
+grid path of a narrow stride-1 conv, ``conv2d_grid_forward``). NumPy's element-wise loops run 5-10x
 slower on short strided runs than on contiguous ones, and most of these
 choices follow from that (docs/benchmarks.md). Tests: tests/unit/test_ops.py
 (naive loops, scipy.signal, finite differences), tests/gpu/test_gpu_ops.py.
@@ -22,6 +23,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .common import _buf, _buf4, _shared, conv_out_size
+from .conv_grid import _phase_view, input_grad_on_grid
 
 
 # --------------------------------------------------------------------------
@@ -136,11 +138,6 @@ def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None,
     ho = conv_out_size(h, kh, stride, pad)
     wo = conv_out_size(wd, kw, stride, pad)
     if col is None:
-        if ws is not None and stride == 1:
-            # reserve room for the input gradient's dcol too (it takes col's
-            # memory in backward), so that the buffer never grows mid-step
-            ws.shared("col", (c * kh * kw * max(n * ho * wo, _grid_cols(
-                x.shape, kh, kw, pad)),), x.dtype)
         col = _shared(ws, "col", (c * kh * kw, n * ho * wo), x.dtype)
     im2col(x, kh, kw, stride, pad, out=col, ws=ws, phase=phase)
     y2 = _buf(ws, "y2", (f, n * ho * wo), x.dtype)
@@ -162,7 +159,7 @@ def conv2d_forward(x, w, b, stride=1, pad=0, col=None, out=None, ws=None,
 
 
 def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
-                    ws=None, colws=None):
+                    ws=None, colws=None, scratch=None):
     """Gradients of conv2d_forward.
 
     dy (N, F, Ho, Wo), or the phase array (5-D "rows", 6-D "quads") when
@@ -171,7 +168,8 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     With a ws, the input gradient reuses col's memory: one backward per
     forward. colws: where col lives when it is one buffer shared by the
     model's convs (layers/conv.py: recomputed in backward); the input
-    gradient's columns take it too.
+    gradient's columns take it too. scratch: where a stride-1 conv's input
+    gradient keeps its chunk buffers (conv_grid.py; default ws).
     """
     kh, kw = w.shape[2], w.shape[3]
     phase = dy.ndim > 4
@@ -196,7 +194,8 @@ def conv2d_backward(dy, col, x_shape, w, stride, pad, dw, db, need_dx=True,
     if not need_dx:
         return None
     if stride == 1:
-        return _input_grad_on_grid(dy, w, x_shape, pad, ws, colws)
+        return input_grad_on_grid(dy, w, x_shape, pad, ws,
+                                  scratch if scratch is not None else ws)
     if phase:
         # back to plain column order for col2im
         plain = _buf(ws, "dy2", (f, dy.size // f), dy.dtype)
@@ -245,65 +244,3 @@ def phase_plain_shape(dy):
         return n, f, 2 * ho2, 2 * wo2
     f, _, n, ho2, wo = dy.shape
     return n, f, 2 * ho2, wo
-
-
-def _phase_view(g, ndim, ho, wo):
-    """View of the top-left (Ho, Wo) of g (F, N, >=Ho, >=Wo) in the order of
-    a ndim-D phase array: copying the phase array into it puts every element
-    at its place."""
-    sf, sn, sh, sw = g.strides
-    f, n = g.shape[:2]
-    if ndim == 6:
-        return as_strided(g, shape=(f, 2, 2, n, ho // 2, wo // 2),
-                          strides=(sf, sh, sw, sn, 2 * sh, 2 * sw))
-    return as_strided(g, shape=(f, 2, n, ho // 2, wo),
-                      strides=(sf, sh, sn, 2 * sh, sw))
-
-
-def _grid_cols(x_shape, kh, kw, pad):
-    """Padded-grid positions whose kernel window stays inside the grid."""
-    n, _, h, w = x_shape
-    hp, wp = h + 2 * pad, w + 2 * pad
-    return n * hp * wp - ((kh - 1) * wp + (kw - 1))
-
-
-def _input_grad_on_grid(dy, w, x_shape, pad, ws, colws=None):
-    """dx of a stride-1 conv (what col2im(W^T @ dy) gives), computed on the
-    padded grid so that col2im becomes kh*kw shifted adds of long
-    contiguous rows.
-
-    dy is placed on the padded input grid (F, N, Hp, Wp), zero outside the
-    Ho x Wo outputs. Grid position q = (n*Hp + ho)*Wp + wo then feeds padded
-    input cell q + i*Wp + j for kernel offset (i, j), for every n, ho, wo at
-    once, so each offset is one 2-D add of (C, ~N*Hp*Wp) contiguous rows
-    instead of N*C*Ho strided runs of Wo. The GEMM covers the grid's extra
-    border columns (zeros in dy); the adds it saves cost more (measured
-    25-35% less time for the input gradient of the reference CNN's convs).
-    dy: (N, F, Ho, Wo) any layout, or a phase array (see conv2d_backward).
-    Returns dx (N, C, H, W) as a view of the padded (C, N, Hp, Wp) buffer.
-    """
-    n, c, h, wd = x_shape
-    f, _, kh, kw = w.shape
-    hp, wp = h + 2 * pad, wd + 2 * pad
-    ho, wo = hp - kh + 1, wp - kw + 1
-    g = _buf(ws, "dygrid", (f, n, hp, wp), w.dtype)
-    g[:, :, ho:, :] = 0
-    g[:, :, :ho, wo:] = 0
-    if dy.ndim > 4:
-        np.copyto(_phase_view(g, dy.ndim, ho, wo), dy)
-    else:
-        np.copyto(g[:, :, :ho, :wo], dy.transpose(1, 0, 2, 3))
-    lq = _grid_cols(x_shape, kh, kw, pad)
-    # col is spent once dW is computed: its memory takes dcol
-    dcol = _shared(colws if colws is not None else ws, "col", (c * kh * kw, lq), w.dtype)
-    np.matmul(w.reshape(f, -1).T, g.reshape(f, -1)[:, :lq], out=dcol)
-    dxp = _buf(ws, "dxpadgrid", (c, n, hp, wp), w.dtype)
-    d2 = dxp.reshape(c, -1)
-    dc3 = dcol.reshape(c, kh * kw, lq)
-    np.copyto(d2[:, :lq], dc3[:, 0])     # offset (0, 0) covers [0, lq)
-    d2[:, lq:] = 0
-    for k in range(1, kh * kw):
-        i, j = divmod(k, kw)
-        off = i * wp + j
-        d2[:, off:off + lq] += dc3[:, k]
-    return dxp[:, :, pad:pad + h, pad:pad + wd].transpose(1, 0, 2, 3)

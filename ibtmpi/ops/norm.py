@@ -39,8 +39,7 @@ def batchnorm_forward(x, gamma, beta, rmean, rvar, train, momentum=0.1, eps=1e-5
     if train:
         mean = xt.sum(axis=_AX, dtype=x.dtype) / dt(m)
         np.subtract(xt, _col(mean), out=xhat)
-        np.square(xhat, out=yt)
-        var = yt.sum(axis=_AX, dtype=x.dtype) / dt(m)           # biased
+        var = _rowdot(xhat, xhat) / dt(m)                        # biased
         mom = np.float32(momentum)
         rmean *= np.float32(1) - mom
         rmean += mom * mean.astype(np.float32)
@@ -66,16 +65,29 @@ def batchnorm_backward(dy, xhat, invstd, gamma, dgamma, dbeta, need_dx=True, ws=
     dyt = dy.transpose(1, 0, 2, 3)
     tmp = _buf(ws, "dx", (c, n, h, w), xhat.dtype)
     dbeta[...] = dyt.sum(axis=_AX, dtype=xhat.dtype)
-    np.multiply(dyt, xhat, out=tmp)
-    dgamma[...] = tmp.sum(axis=_AX, dtype=xhat.dtype)
+    if dyt.flags.c_contiguous:
+        dgamma[...] = _rowdot(dyt, xhat)
+    else:
+        np.multiply(dyt, xhat, out=tmp)
+        dgamma[...] = tmp.sum(axis=_AX, dtype=xhat.dtype)
     if not need_dx:
         return None
-    # dx = k * (M dy - dbeta - xhat dgamma), k = gamma invstd / M
-    np.multiply(xhat, _col(dgamma), out=tmp)
-    np.subtract(dyt * dt(m), tmp, out=tmp)
-    tmp -= _col(dbeta)
-    tmp *= _col(gamma * invstd / dt(m))
+    # dx = k (M dy - dbeta - xhat dgamma), k = gamma invstd / M, as
+    # gamma invstd (dy - xhat dgamma / M - dbeta / M): four passes, no temporary
+    np.multiply(xhat, _col(dgamma / dt(m)), out=tmp)
+    np.subtract(dyt, tmp, out=tmp)
+    tmp -= _col(dbeta / dt(m))
+    tmp *= _col(gamma * invstd)
     return tmp.transpose(1, 0, 2, 3)
+
+
+def _rowdot(a, b):
+    """Per channel sum of a * b over (N, H, W) of two C-contiguous (C, N, H, W)
+    arrays: one BLAS dot per channel, no temporary (a square-and-sum pass
+    writes and rereads a whole activation)."""
+    c = a.shape[0]
+    a2, b2 = a.reshape(c, 1, -1), b.reshape(c, -1, 1)
+    return np.matmul(a2, b2).reshape(c)
 
 
 def batchnorm_moments(rmean, rvar):

@@ -1,6 +1,7 @@
 """The MPI trainer against its own simulation: after every run all ranks
 hold bitwise-identical z, and z equals the in-process simulation of the
-same N workers to 1e-6; one Allreduce per block."""
+same N workers to 1e-6 (BatchNorm nets, chaotic at this size: over their
+first block); one Allreduce per block."""
 import hashlib
 import json
 import os
@@ -47,20 +48,10 @@ CASES = [("admm", ()), ("bmuf", ()), ("ibt", ()), ("ma", ()), ("easgd", ()),
          ("ssgd", ("model.layers=resnet8",))]
 
 
-@pytest.mark.parametrize("algo,extra", CASES)
-def test_mpi_matches_simulation_and_z_is_bitwise_identical(dataset, algo, extra):
+def _compare_with_simulation(dataset, algo, extra, t, z, tol):
+    """On the master: the simulation of the same N workers ends at z (and the
+    trainer's buffers) to tol."""
     n_workers = W.Get_size() - 1
-    comm.STATS.update(allreduce=0, bytes=0)
-    t = Trainer(make_cfg(dataset, algo, extra=extra), log=lambda m: None)
-    s = t.run()
-    z = t.z.copy()
-    # one Allreduce per block (ssgd: one per minibatch), on every rank
-    expect = (sum(t.sched.steps_in_block(t.sched.locate(k)[1]) for k in range(t.total_blocks))
-              if algo == "ssgd" else t.total_blocks + t.cfg["algorithm"]["warmup_steps"])
-    assert s["allreduce_calls"] == expect
-    digests = W.allgather(hashlib.sha256(z.tobytes() + t.zbuf.tobytes()).hexdigest())
-    assert len(set(digests)) == 1, "z or the buffers differ between ranks"
-    assert (t.model.buffers == t.zbuf).all()
 
     def check():
         sim = Trainer(make_cfg(dataset, algo, simulate=n_workers, extra=extra),
@@ -69,18 +60,60 @@ def test_mpi_matches_simulation_and_z_is_bitwise_identical(dataset, algo, extra)
         scale = max(1.0, float(np.abs(sim.z).max()))
         err = float(np.abs(sim.z - z).max()) / scale
         # The Allreduce adds the workers' parts in another order than the
-        # simulation: last bits. BatchNorm nets amplify them (their
-        # pre-activations sit on the ReLU's kink) and AdamW moves a weight
-        # whose gradient is rounding noise by a noise-signed lr.
-        tol = 1e-6 if not any("resnet8" in e for e in extra) else 1e-4
-        assert err <= tol, f"{algo}: MPI vs simulation max rel diff {err:.2e}"
+        # simulation: last bits.
+        assert err <= tol, f"{algo} {extra}: MPI vs simulation max rel diff {err:.2e}"
         assert sim.zbuf.shape == t.zbuf.shape
         if t.zbuf.size:
             np.testing.assert_allclose(sim.zbuf, t.zbuf, rtol=10 * tol, atol=10 * tol)
-            from ibtmpi.model import Model
-            fresh = Model(t.cfg["model"]["layers"], t.model.input_shape, t.model.n_classes)
-            assert (t.zbuf != fresh.buffers).any()              # training moved them
     on_master(check)
+
+
+def _mpi_run(dataset, algo, extra):
+    """One MPI run: one Allreduce per block (ssgd: per minibatch) and the same
+    z and buffers, bit for bit, on every rank. Returns (trainer, z)."""
+    comm.STATS.update(allreduce=0, bytes=0)
+    t = Trainer(make_cfg(dataset, algo, extra=extra), log=lambda m: None)
+    s = t.run()
+    z = t.z.copy()
+    expect = (sum(t.sched.steps_in_block(t.sched.locate(k)[1]) for k in range(t.total_blocks))
+              if algo == "ssgd" else t.total_blocks + t.cfg["algorithm"]["warmup_steps"])
+    assert s["allreduce_calls"] == expect
+    digests = W.allgather(hashlib.sha256(z.tobytes() + t.zbuf.tobytes()).hexdigest())
+    assert len(set(digests)) == 1, "z or the buffers differ between ranks"
+    assert (t.model.buffers == t.zbuf).all()
+    return t, z
+
+
+# BatchNorm nets at this size (batches of 10, 1.5 passes) are chaotic: in
+# the simulation alone, lr * (1 + 1e-7) moves z by up to 2e-2 (ibt, ssgd)
+# and AdamW's first steps (sign-like) by ~lr, so the last-bit differences
+# of the Allreduce's order cannot be held to a tolerance over a whole run.
+# Their MPI run keeps every invariant above, and is compared with the
+# simulation over ONE block, where the workers' local steps are the same
+# bits in both and only the block's reductions differ (measured: 6e-8).
+# AdamW's case is compared without its warm-up (whose ssgd steps would feed
+# Adam reduced gradients), and its warm-up with SGD inside.
+def _short_runs(extra):
+    one = ("run.passes=0.01",)
+    if "optim.name=adamw" not in extra:
+        return [extra + one]
+    return [extra + one + ("algorithm.warmup_steps=0",),
+            extra + one + ("optim.name=sgd",)]
+
+
+@pytest.mark.parametrize("algo,extra", CASES)
+def test_mpi_matches_simulation_and_z_is_bitwise_identical(dataset, algo, extra):
+    t, z = _mpi_run(dataset, algo, extra)
+    if not any("resnet8" in e for e in extra):
+        _compare_with_simulation(dataset, algo, extra, t, z, 1e-6)
+        return
+    from ibtmpi.model import Model
+    fresh = Model(t.cfg["model"]["layers"], t.model.input_shape, t.model.n_classes)
+    assert (t.zbuf != fresh.buffers).any()              # training moved them
+    for short in _short_runs(extra):
+        ts, zs = _mpi_run(dataset, algo, short)
+        assert ts.total_blocks == 1
+        _compare_with_simulation(dataset, algo, short, ts, zs, 1e-6)
 
 
 def test_master_is_rank_zero_and_workers_hold_data(dataset):

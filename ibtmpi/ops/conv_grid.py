@@ -32,16 +32,23 @@ output's size, and every tap reads one of them at a fixed offset: the
 same chunked patch rows and GEMMs, and the input gradient's adds land in
 the four planes, which are interleaved back at the end.
 
+The input gradient of a stride-1 conv on this path is a correlation of
+dy's grid with the transposed taps (``_grads_by_correlation``: one GEMM
+per chunk straight into the dx grid); the stride-2 one, and the stride-1
+one of conv.py's pooling-phase convs (the reference CNN), are a GEMM to
+C*kh*kw rows and kh*kw shifted adds (``input_grad_on_grid``), col2im's
+sums in col2im's order.
+
 Exactness: every output and input-gradient cell sums the same terms as
-conv.py's plain ops, the input gradient's in the same tap order; the
-GEMMs reduce over the same C*kh*kw (or F) terms, so the results agree to
-float32 rounding (bit for bit at the sizes measured, e.g. the reference
-CNN's input gradients, which the bitwise regression covers; OpenBLAS may
-order a small GEMM's sums differently from a large one's). The weight
-gradient is summed chunk by chunk (one GEMM per chunk over its
-positions, then added in chunk order): the same sum in another order. The
-chunk size comes from the shapes alone (never the thread count), so every
-result is deterministic.
+conv.py's plain ops, so the results agree to float32 rounding. The forward
+reduces over the same C*kh*kw terms as the whole-batch GEMM (bit for bit
+at the sizes measured; OpenBLAS may order a small GEMM's sums differently
+from a large one's), the shifted-add input gradient adds its taps in
+col2im's order (the reference CNN's results are unchanged bit for bit, as
+the bitwise regression checks), while the correlation reduces over
+(f, i, j) at once and the weight gradient is summed chunk by chunk, in
+another order. The chunk size comes from the shapes alone (never the
+thread count), so every result is deterministic.
 
 Tests: tests/unit/test_conv_grid.py (against conv.py's ops, naive loops
 and float64 central differences, with chunks forced down to one image).
@@ -283,12 +290,66 @@ def input_grad_on_grid(dy, w, x_shape, pad, ws=None, scratch=None, xf=None, dwt=
     return dx.transpose(1, 0, 2, 3)
 
 
+def _grads_by_correlation(dy, xf, w, gd, ws, scratch, dwt, need_dx):
+    """dW^T into dwt and dx of a stride-1 conv on the grid path, with the
+    input gradient as a correlation of dy's grid with the transposed taps:
+    dx cell p = sum over (f, i, j) of W[f, c, i, j] * g[f, p - offset(i, j)],
+    one GEMM (C x F*k*k by F*k*k x positions) per chunk straight into the
+    dx grid, instead of a GEMM to C*k*k rows and k*k shifted adds (a third
+    of the memory traffic, and the GEMM reduces over F*k*k instead of F).
+    dy is placed once on its own flat grid, led by `spill` zeros so the
+    first cells' taps read zeros. Returns dx (N, C, H, W) or None."""
+    n, f = dy.shape[:2]
+    c, k = w.shape[1], w.shape[2]
+    kk, blk, sp = k * k, gd.block, gd.spill
+    positions = n * blk + gd.base              # every data cell of dx
+    g = _shared(scratch, "gridgfull", (f * (sp + positions + sp),), w.dtype)
+    g = g.reshape(f, -1)
+    g[:, :sp] = 0
+    g[:, sp + n * blk:] = 0
+    gv = g[:, sp:sp + n * blk].reshape(f, n, gd.hi, gd.wp)
+    gv[:, :, gd.ho:, :] = 0
+    gv[:, :, :gd.ho, gd.wo:] = 0
+    np.copyto(gv[:, :, :gd.ho, :gd.wo], dy.transpose(1, 0, 2, 3))
+    rows = max(c, f) * kk
+    nb = chunk_images(rows, blk, w.dtype.itemsize)
+    col = _shared(scratch, "gridcol", (rows * (nb * blk + gd.base),), w.dtype)
+    part = _shared(scratch, "griddw", (c * kk * f,), w.dtype).reshape(c * kk, f)
+    if need_dx:
+        d2 = _buf(ws, "dxgrid", (1, c, gd.length), w.dtype)[0]
+        wt = _buf(ws, "wtaps", (c, f * kk), w.dtype)
+        np.copyto(wt.reshape(c, f, kk), w.reshape(f, c, kk).transpose(1, 0, 2))
+    for n0 in range(0, n, nb):
+        m = min(nb, n - n0)
+        q0, length = n0 * blk, m * blk
+        cb = _patch_rows(xf, gd, q0, length, col[:c * kk * length].reshape(c * kk, length))
+        np.matmul(cb, g[:, sp + q0:sp + q0 + length].T, out=dwt if n0 == 0 else part)
+        if n0:
+            dwt += part
+        if not need_dx:
+            continue
+        if n0 + m == n:
+            length = positions - q0                 # the last data cells too
+        pr = col[:f * kk * length].reshape(f, kk, length)
+        for t, (_, off) in enumerate(gd.taps):
+            np.copyto(pr[:, t], g[:, q0 + sp - off:q0 + sp - off + length])
+        np.matmul(wt, pr.reshape(f * kk, length), out=d2[:, q0:q0 + length])
+    if not need_dx:
+        return None
+    # one copy out of the grid: the ReLU and BatchNorm backward passes that
+    # read dx run several times faster on a contiguous (C, N, H, W) buffer
+    # than on rows of W between the grid's padding
+    dx = _buf(ws, "dx", (c, n, gd.h, gd.w), w.dtype)
+    np.copyto(dx, gd.data(d2))
+    return dx.transpose(1, 0, 2, 3)
+
+
 def conv2d_grid_backward(dy, xf, x_shape, w, pad, dw, db, need_dx=True, ws=None,
                          scratch=None, stride=1):
     """Gradients of conv2d_grid_forward (xf: the input grid it returned):
     writes dw (F, C, k, k) and db (F,) (None: no bias) in place and
     returns dx (N, C, H, W) or None: conv2d_backward's (db bitwise; dx and
-    dw to rounding, dw summed per chunk: see the module docstring)."""
+    dw to rounding: see the module docstring)."""
     n, f, ho, wo = dy.shape
     if db is not None:
         dyt = dy.transpose(1, 0, 2, 3)
@@ -299,7 +360,11 @@ def conv2d_grid_backward(dy, xf, x_shape, w, pad, dw, db, need_dx=True, ws=None,
             np.copyto(dy2.reshape(f, n, ho, wo), dyt)
             np.sum(dy2, axis=1, out=db)
     dwt = _buf(ws, "dwt", (w[0].size, f), dy.dtype)
-    dx = input_grad_on_grid(dy, w, x_shape, pad, ws, scratch, xf=xf, dwt=dwt,
-                            need_dx=need_dx, stride=stride)
+    if stride == 1:
+        dx = _grads_by_correlation(dy, xf, w, Grid(x_shape, w.shape[2], pad), ws, scratch,
+                                   dwt, need_dx)
+    else:
+        dx = input_grad_on_grid(dy, w, x_shape, pad, ws, scratch, xf=xf, dwt=dwt,
+                                need_dx=need_dx, stride=stride)
     np.copyto(dw.reshape(f, -1), dwt.T)
     return dx

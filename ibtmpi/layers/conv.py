@@ -76,7 +76,7 @@ class Conv2d(Layer):
     # buffer instead of one per conv (resnet18 at 64x64, batch 64: 9.5 GiB
     # of peak RSS with one per conv).
     shared_ws = None
-    xgrid = None          # the padded input, when forward took the grid path
+    xtaps = None          # the input planes, when forward took the taps path
     COL_SHARE_BYTES = 128 * 2**20
 
     def _shared_col(self, x_shape, dtype):
@@ -91,21 +91,20 @@ class Conv2d(Layer):
             return None
         return self.shared_ws.shared("col", (c * self.k * self.k, m), dtype)
 
-    def _grid(self, x_shape):
-        """Whether this forward takes the host's grid path (ops/conv_grid.py:
-        narrow 3x3 convs of stride 1 or 2, in cache-sized chunks, no stored
-        columns)."""
-        return self.on_host and ops.grid_pays(self.in_ch, self.out_ch, self.k, self.stride,
+    def _taps(self, x_shape):
+        """Whether this forward takes the host's taps path (ops/conv_taps.py:
+        narrow "same" convs of stride 1 and 3x3 convs of stride 2, in
+        cache-sized chunks, no stored columns)."""
+        return self.on_host and ops.taps_pay(self.in_ch, self.out_ch, self.k, self.stride,
                                               x_shape[2], x_shape[3], self.pad,
                                               self.phase_out)
 
     def forward(self, x, train):
         self.x_shape = x.shape
-        self.xgrid = None
-        if self._grid(x.shape):
-            y, self.xgrid = ops.conv2d_grid_forward(x, self.params[0], self.bias, self.pad,
-                                                    ws=self.ws, scratch=self.shared_ws,
-                                                    stride=self.stride)
+        self.xtaps = None
+        if self._taps(x.shape):
+            y, self.xtaps = ops.conv2d_taps_forward(x, self.params[0], self.bias, self.pad,
+                                                    ws=self.ws, stride=self.stride)
             self.x = self.col = None
             return y
         col = self._shared_col(x.shape, x.dtype)
@@ -122,11 +121,10 @@ class Conv2d(Layer):
 
     def backward(self, dy, need_dx=True):
         db = self.grads[1] if self.has_bias else None
-        if self.xgrid is not None:
-            return ops.conv2d_grid_backward(dy, self.xgrid, self.x_shape, self.params[0],
+        if self.xtaps is not None:
+            return ops.conv2d_taps_backward(dy, self.xtaps, self.x_shape, self.params[0],
                                             self.pad, self.grads[0], db, need_dx,
-                                            ws=self.ws, scratch=self.shared_ws,
-                                            stride=self.stride)
+                                            ws=self.ws, stride=self.stride)
         more = {"scratch": self.shared_ws} if self.on_host else {}
         if self.x is not None:          # the shared columns: recompute this conv's
             col = self._shared_col(self.x_shape, self.x.dtype)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from .common import Workspace, _buf, _buf4, _shared, conv_out_size, is_cnhw
 from .conv import (_col_geometry, _padded, col2im, conv2d_backward, conv2d_forward, im2col, phase_plain_shape,
                    row_partial_sums, row_sum_widths)
-from .conv_grid import (_phase_view, conv2d_grid_backward, conv2d_grid_forward,
-                        grid_pays, input_grad_on_grid)
+from .conv_grid import _phase_view, input_grad_on_grid
+from .conv_taps import conv2d_taps_backward, conv2d_taps_forward, taps_pay
 from .pool import (_route_to_phases, maxpool2_quads_backward, maxpool2_quads_forward,
                    maxpool2_rows_backward, maxpool2_rows_forward, maxpool_backward,
                    maxpool_forward, gap_backward, gap_forward)
@@ -34,7 +34,7 @@ from .softmax_xent import softmax_xent_backward, softmax_xent_forward
 __all__ = [
     "Workspace", "conv_out_size", "is_cnhw",
     "im2col", "col2im", "conv2d_forward", "conv2d_backward", "phase_plain_shape",
-    "conv2d_grid_forward", "conv2d_grid_backward", "grid_pays", "input_grad_on_grid",
+    "conv2d_taps_forward", "conv2d_taps_backward", "taps_pay", "input_grad_on_grid",
     "row_sum_widths", "row_partial_sums",
     "maxpool_forward", "maxpool_backward", "maxpool2_rows_forward",
     "maxpool2_rows_backward", "maxpool2_quads_forward", "maxpool2_quads_backward",

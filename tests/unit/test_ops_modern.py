@@ -180,7 +180,7 @@ def test_shared_recomputed_columns_give_the_same_bits(spec, monkeypatch):
     reference CNN's phase path included), gradients and the moved running
     statistics are bitwise those of per-conv buffers, over two steps with
     two batch sizes; the model then holds one column buffer (convs on the
-    grid path, ops/conv_grid.py, store no columns at all)."""
+    taps path, ops/conv_taps.py, store no columns at all)."""
     from ibtmpi.layers import Conv2d
     from ibtmpi.model import _walk
     shape = (2, 6, 6) if spec is SMALL_RES else (3, 16, 16)
@@ -194,6 +194,6 @@ def test_shared_recomputed_columns_give_the_same_bits(spec, monkeypatch):
         shared.loss_and_grad(x[:n], y[:n])
         assert own.grads.tobytes() == shared.grads.tobytes()
         assert own.buffers.tobytes() == shared.buffers.tobytes()
-    convs = [l for l in _walk(shared.layers) if isinstance(l, Conv2d) and l.xgrid is None]
+    convs = [l for l in _walk(shared.layers) if isinstance(l, Conv2d) and l.xtaps is None]
     assert convs and all(c.x is not None and "col" not in c.ws._bufs for c in convs)
     assert all("col" not in c.ws._bufs for c in _walk(shared.layers) if isinstance(c, Conv2d))

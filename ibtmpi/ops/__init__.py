@@ -17,11 +17,12 @@ tests/unit/test_ops.py.
 from __future__ import annotations
 
 from .common import Workspace, _buf, _buf4, _shared, conv_out_size, is_cnhw
-from .conv import (_col_geometry, _padded, col2im, conv2d_backward, conv2d_forward, im2col, phase_plain_shape,
-                   row_partial_sums, row_sum_widths)
+from .conv import (_col_geometry, _padded, col2im, conv2d_backward, conv2d_forward,
+                   im2col, phase_plain_shape, row_partial_sums, row_sum_widths)
 from .conv_grid import _phase_view, input_grad_on_grid
 from .conv_taps import conv2d_taps_backward, conv2d_taps_forward, taps_pay
-from .pool import (_route_to_phases, maxpool2_quads_backward, maxpool2_quads_forward,
+from .pool import (_route_to_phases, avgpool_backward, avgpool_forward,
+                   maxpool2_quads_backward, maxpool2_quads_forward,
                    maxpool2_rows_backward, maxpool2_rows_forward, maxpool_backward,
                    maxpool_forward, gap_backward, gap_forward)
 from .activation import add_relu_forward, relu_backward, relu_forward
@@ -38,6 +39,7 @@ __all__ = [
     "row_sum_widths", "row_partial_sums",
     "maxpool_forward", "maxpool_backward", "maxpool2_rows_forward",
     "maxpool2_rows_backward", "maxpool2_quads_forward", "maxpool2_quads_backward",
+    "avgpool_forward", "avgpool_backward",
     "gap_forward", "gap_backward", "add_relu_forward",
     "batchnorm_forward", "batchnorm_backward", "batchnorm_moments",
     "batchnorm_from_moments", "bn_partial",

@@ -1,9 +1,12 @@
-"""NumPy reference of the max-pool (kernels/pool.cu): ``maxpool_forward`` /
+"""NumPy reference of the pools (kernels/pool.cu): ``maxpool_forward`` /
 ``maxpool_backward`` over k x k windows with stride s and no padding
-(argmax = the first maximum's window offset, ties to the lowest), and the
+(argmax = the first maximum's window offset, ties to the lowest), the
 host-only 2x2/stride-2 variants that read a conv's pooling-phase array
-(``maxpool2_rows_*``, ``maxpool2_quads_*``; see ops/conv.py im2col).
-Tests: tests/unit/test_ops.py (naive loops), tests/gpu/test_gpu_ops.py.
+(``maxpool2_rows_*``, ``maxpool2_quads_*``; see ops/conv.py im2col), the
+average pool ``avgpool_forward`` / ``avgpool_backward`` over the same
+windows and the global average pool ``gap_forward`` / ``gap_backward``.
+Tests: tests/unit/test_ops.py (naive loops, finite differences),
+tests/unit/test_ops_modern.py (gap), tests/gpu/test_gpu_ops.py.
 """
 from __future__ import annotations
 
@@ -194,6 +197,61 @@ def maxpool2_quads_backward(dy, argmax, ws=None):
     _route_to_phases(dy, argmax, [[d6[:, i, j] for j in range(2)]
                                   for i in range(2)], ws)
     return d6
+
+
+# --------------------------------------------------------------------------
+# average pooling over k x k windows (kernels/pool.cu avgpool_fwd / avgpool_bwd)
+# --------------------------------------------------------------------------
+
+def avgpool_forward(x, k=2, stride=2, out=None, ws=None):
+    """y (N, C, Ho, Wo) = mean over k x k windows of x (N, C, H, W), no
+    padding; x of any strides, y in x's physical layout (NCHW, or (C, N,
+    H, W) for a conv's output). The window is summed in row-major order
+    (one strided view per offset), then scaled by 1 / (k*k): the kernel's
+    order, bit for bit."""
+    n, c, h, w = x.shape
+    ho = conv_out_size(h, k, stride, 0)
+    wo = conv_out_size(w, k, stride, 0)
+    if out is None:
+        out = _buf4(ws, "y", (n, c, ho, wo), x.dtype, is_cnhw(x))
+    span_h = stride * (ho - 1) + 1
+    span_w = stride * (wo - 1) + 1
+    for i in range(k):
+        for j in range(k):
+            v = x[:, :, i:i + span_h:stride, j:j + span_w:stride]
+            if i == 0 and j == 0:
+                np.copyto(out, v)
+            else:
+                out += v
+    out *= x.dtype.type(1.0 / (k * k))
+    return out
+
+
+def avgpool_backward(dy, x_shape, k=2, stride=2, out=None):
+    """dx (N, C, H, W): each input cell gets the sum of dy over the windows
+    that contain it, times 1 / (k*k) (cells no window covers get 0). One
+    strided slice-add of dy per window offset, in row-major offset order
+    (the kernel's gather takes the windows in that order); `out` may have
+    any strides (a conv's (C, N, H, W) layout)."""
+    n, c, ho, wo = dy.shape
+    if out is None:
+        out = np.empty(x_shape, dy.dtype)
+    inv = dy.dtype.type(1.0 / (k * k))
+    span_h = stride * (ho - 1) + 1
+    span_w = stride * (wo - 1) + 1
+    tiles = stride == k and x_shape[2] == ho * k and x_shape[3] == wo * k
+    if not tiles:
+        out.fill(0)
+    for i in range(k):
+        for j in range(k):
+            dst = out[:, :, i:i + span_h:stride, j:j + span_w:stride]
+            if stride >= k:           # no overlaps: each cell gets one window
+                np.multiply(dy, inv, out=dst)
+            else:
+                dst += dy
+    if stride < k:
+        out *= inv
+    return out
 
 
 # --------------------------------------------------------------------------

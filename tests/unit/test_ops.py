@@ -324,6 +324,58 @@ def test_maxpool_on_conv_layout_view_matches_contiguous():
     np.testing.assert_array_equal(d1, d2)
 
 
+def avgpool_naive(x, k, s):
+    n, c, h, w = x.shape
+    ho, wo = (h - k) // s + 1, (w - k) // s + 1
+    y = np.zeros((n, c, ho, wo), np.float64)
+    for nn in range(n):
+        for cc in range(c):
+            for i in range(ho):
+                for j in range(wo):
+                    y[nn, cc, i, j] = sum(float(x[nn, cc, i * s + a, j * s + bb])
+                                          for a in range(k) for bb in range(k)) / (k * k)
+    return y
+
+
+AVGPOOL_CASES = [(2, 2, 8, 6), (2, 2, 7, 9), (3, 2, 9, 8), (2, 1, 5, 7), (3, 3, 10, 7),
+                 (2, 3, 8, 9)]
+
+
+@pytest.mark.parametrize("cnhw", [False, True])
+@pytest.mark.parametrize("k,s,h,w", AVGPOOL_CASES)
+def test_avgpool_forward_matches_naive_loops(k, s, h, w, cnhw):
+    """Non-square inputs, overlapping (stride < k), tiling and ragged
+    windows; cnhw: the NCHW view of a (C, N, H, W) buffer a conv hands
+    over, whose output keeps that layout."""
+    x = RNG.standard_normal((2, 3, h, w)).astype(np.float32)
+    src = np.ascontiguousarray(x.transpose(1, 0, 2, 3)).transpose(1, 0, 2, 3) if cnhw else x
+    assert ops.is_cnhw(src) == cnhw
+    y = ops.avgpool_forward(src, k, s, ws=ops.Workspace())
+    assert y.dtype == np.float32 and ops.is_cnhw(y) == cnhw
+    np.testing.assert_allclose(y, avgpool_naive(x, k, s), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(y, ops.avgpool_forward(x, k, s))    # same bits
+
+
+@pytest.mark.parametrize("cnhw", [False, True])
+@pytest.mark.parametrize("k,s,h,w", AVGPOOL_CASES)
+def test_avgpool_backward_matches_finite_differences(k, s, h, w, cnhw):
+    """float64 central differences; the gradient written into `out` in
+    either layout (a conv's backward reads (C, N, H, W))."""
+    x = RNG.standard_normal((2, 2, h, w))
+    r = RNG.standard_normal(ops.avgpool_forward(x, k, s).shape)
+
+    def loss():
+        return float((ops.avgpool_forward(x, k, s) * r).sum())
+    num = numgrad(loss, x)
+    out = ops._buf4(None, "dx", x.shape, np.float64, cnhw)
+    out[...] = np.nan                              # every cell must be written
+    dx = ops.avgpool_backward(r, x.shape, k, s, out=out)
+    assert dx is out
+    np.testing.assert_allclose(dx, num, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(ops.avgpool_backward(r, x.shape, k, s), num,
+                               rtol=1e-7, atol=1e-9)
+
+
 def test_relu_forward_backward():
     x = RNG.standard_normal((4, 5)).astype(np.float32)
     y = ops.relu_forward(x)

@@ -22,6 +22,40 @@ __device__ __forceinline__ long long plane_offset(long long n, long long c, int 
     return (cnhw ? c * N + n : n * C + c) * hw;
 }
 
+// Output idx (over y, NCHW) of a k x k / stride pool: sets nc = n*C + c and
+// returns the first element of its window in x (NCHW, or (C, N, H, W)).
+__device__ __forceinline__ const float* window_start(const float* x, long long idx, int N,
+                                                     int C, int H, int W, int stride,
+                                                     int Ho, int Wo, int cnhw, long long& nc)
+{
+    const int wo = (int)(idx % Wo);
+    const int ho = (int)((idx / Wo) % Ho);
+    nc = idx / ((long long)Wo * Ho);
+    return x + plane_offset(nc / C, nc % C, N, C, (long long)H * W, cnhw)
+           + (long long)(ho * stride) * W + wo * stride;
+}
+
+// Input cell idx of a pool's dx, in dx's physical order (NCHW, or (C, N, H, W)
+// with cnhw): its plane nc = n*C + c, its (h, w), and the windows (ho, wo)
+// that contain it: ho*stride <= h < ho*stride + k, i.e. ho in
+// [ceil((h-k+1)/s), floor(h/s)] within [0, Ho), the same for wo.
+struct PoolCell { long long nc; int h, w, ho_lo, ho_hi, wo_lo, wo_hi; };
+
+__device__ __forceinline__ PoolCell pool_cell(long long idx, int N, int C, int H, int W,
+                                              int k, int stride, int Ho, int Wo, int cnhw)
+{
+    PoolCell p;
+    p.w = (int)(idx % W);
+    p.h = (int)((idx / W) % H);
+    const long long plane = idx / ((long long)W * H);    // c*N + n, or n*C + c
+    p.nc = cnhw ? (plane % N) * C + plane / N : plane;
+    p.ho_lo = p.h - k + 1 > 0 ? (p.h - k + 1 + stride - 1) / stride : 0;
+    p.wo_lo = p.w - k + 1 > 0 ? (p.w - k + 1 + stride - 1) / stride : 0;
+    p.ho_hi = min(p.h / stride, Ho - 1);
+    p.wo_hi = min(p.w / stride, Wo - 1);
+    return p;
+}
+
 extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __restrict__ y,
                                        unsigned char* __restrict__ argmax,
                                        const float* __restrict__ bias,
@@ -31,11 +65,8 @@ extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __res
     const long long total = (long long)N * C * Ho * Wo;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)blockDim.x * gridDim.x) {           // idx over y: NCHW
-        const int wo = (int)(idx % Wo);
-        const int ho = (int)((idx / Wo) % Ho);
-        const long long nc = idx / ((long long)Wo * Ho);          // n*C + c
-        const float* base = x + plane_offset(nc / C, nc % C, N, C, (long long)H * W, cnhw)
-                            + (long long)(ho * stride) * W + wo * stride;
+        long long nc;
+        const float* base = window_start(x, idx, N, C, H, W, stride, Ho, Wo, cnhw, nc);
         const float b = has_bias ? bias[nc % C] : 0.0f;
         float best = has_bias ? base[0] + b : base[0];
         int arg = 0;
@@ -51,9 +82,9 @@ extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __res
 }
 
 // Gather form (deterministic, no atomics): dx[n, c, h, w] sums dy over the
-// windows (ho, wo) that contain (h, w) and whose argmax points at it:
-// ho*stride <= h < ho*stride + k, i.e. ho in [ceil((h-k+1)/s), floor(h/s)].
-// Threads walk dx in its physical order (coalesced writes in both layouts).
+// windows (ho, wo) that contain (h, w) (pool_cell) and whose argmax points
+// at it. Threads walk dx in its physical order (coalesced writes in both
+// layouts).
 extern "C" __global__ void maxpool_bwd(const float* __restrict__ dy,
                                        const unsigned char* __restrict__ argmax,
                                        float* __restrict__ dx,
@@ -64,22 +95,60 @@ extern "C" __global__ void maxpool_bwd(const float* __restrict__ dy,
     const long long total = (long long)N * C * H * W;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)blockDim.x * gridDim.x) {
-        const int w = (int)(idx % W);
-        const int h = (int)((idx / W) % H);
-        const long long plane = idx / ((long long)W * H);    // c*N + n, or n*C + c
-        const long long nc = cnhw ? (plane % N) * C + plane / N : plane;
-        const int ho_lo = h - k + 1 > 0 ? (h - k + 1 + stride - 1) / stride : 0;
-        const int wo_lo = w - k + 1 > 0 ? (w - k + 1 + stride - 1) / stride : 0;
-        const int ho_hi = min(h / stride, Ho - 1);
-        const int wo_hi = min(w / stride, Wo - 1);
+        const PoolCell p = pool_cell(idx, N, C, H, W, k, stride, Ho, Wo, cnhw);
         float acc = 0.0f;
-        for (int ho = ho_lo; ho <= ho_hi; ++ho)
-            for (int wo = wo_lo; wo <= wo_hi; ++wo) {
-                const long long o = (nc * Ho + ho) * Wo + wo;
-                if (argmax[o] == (h - ho * stride) * k + (w - wo * stride))
+        for (int ho = p.ho_lo; ho <= p.ho_hi; ++ho)
+            for (int wo = p.wo_lo; wo <= p.wo_hi; ++wo) {
+                const long long o = (p.nc * Ho + ho) * Wo + wo;
+                if (argmax[o] == (p.h - ho * stride) * k + (p.w - wo * stride))
                     acc += relu ? (y[o] > 0.0f ? dy[o] : 0.0f) : dy[o];
             }
         dx[idx] = acc;
+    }
+}
+
+// Average pool over k x k windows with stride s, no padding.
+// NumPy twins: ibtmpi/ops/pool.py avgpool_forward / avgpool_backward.
+// y, dy (N, C, Ho, Wo) are NCHW contiguous; x (forward) and dx (backward)
+// are NCHW contiguous when cnhw == 0 and physically (C, N, H, W) when
+// cnhw == 1 (a conv's output and its backward's input, as for maxpool).
+// y = (the window summed in row-major order from 0) * (1 / (k*k)): the
+// twin's order, so the same bits.
+extern "C" __global__ void avgpool_fwd(const float* __restrict__ x, float* __restrict__ y,
+                                       int N, int C, int H, int W, int k, int stride,
+                                       int Ho, int Wo, int cnhw)
+{
+    const long long total = (long long)N * C * Ho * Wo;
+    const float inv = 1.0f / (float)(k * k);
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)blockDim.x * gridDim.x) {           // idx over y: NCHW
+        long long nc;
+        const float* base = window_start(x, idx, N, C, H, W, stride, Ho, Wo, cnhw, nc);
+        float acc = 0.0f;
+        for (int i = 0; i < k; ++i)
+            for (int j = 0; j < k; ++j) acc += base[(long long)i * W + j];
+        y[idx] = acc * inv;
+    }
+}
+
+// Gather form (deterministic, no atomics; overlapping windows, stride < k,
+// need nothing else): dx[n, c, h, w] = (sum of dy over the windows (ho, wo)
+// that contain (h, w)) * (1 / (k*k)), 0 where none does. The windows come
+// in the twin's slice-add order, offset (h - ho*s, w - wo*s) row-major, i.e.
+// ho then wo DESCENDING. Threads walk dx in its physical order.
+extern "C" __global__ void avgpool_bwd(const float* __restrict__ dy, float* __restrict__ dx,
+                                       int N, int C, int H, int W, int k, int stride,
+                                       int Ho, int Wo, int cnhw)
+{
+    const long long total = (long long)N * C * H * W;
+    const float inv = 1.0f / (float)(k * k);
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)blockDim.x * gridDim.x) {
+        const PoolCell p = pool_cell(idx, N, C, H, W, k, stride, Ho, Wo, cnhw);
+        float acc = 0.0f;
+        for (int ho = p.ho_hi; ho >= p.ho_lo; --ho)
+            for (int wo = p.wo_hi; wo >= p.wo_lo; --wo) acc += dy[(p.nc * Ho + ho) * Wo + wo];
+        dx[idx] = acc * inv;
     }
 }
 

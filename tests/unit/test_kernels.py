@@ -352,6 +352,27 @@ def test_gap_kernels(mods, grid, cnhw):
 
 
 @pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("cnhw", [0, 1])
+@pytest.mark.parametrize("k,s,h,w", [(2, 2, 8, 6), (2, 2, 7, 9), (3, 2, 9, 8),
+                                     (3, 3, 10, 7), (2, 1, 5, 7), (2, 3, 8, 9)])
+def test_avgpool_kernels(mods, k, s, h, w, cnhw, grid):
+    """Bit for bit the NumPy twin (the same summation order, then one
+    multiply by 1/(k*k)), with overlapping (stride < k), tiling, ragged and
+    gapped windows; cnhw = 1: x and dx lie as (C, N, H, W)."""
+    n, c = 2, 3
+    x, base = _bn_input(n, c, h, w, cnhw)
+    lay = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2, 3))) if cnhw else (lambda a: a)
+    ho, wo = ops.conv_out_size(h, k, s, 0), ops.conv_out_size(w, k, s, 0)
+    y = np.full((n, c, ho, wo), np.nan, np.float32)
+    mods["pool"].avgpool_fwd(*grid, base, y, n, c, h, w, k, s, ho, wo, cnhw)
+    assert y.tobytes() == ops.avgpool_forward(x, k, s).tobytes()
+    dy = RNG.standard_normal(y.shape).astype(np.float32)
+    dx = np.full(base.shape, np.nan, np.float32)
+    mods["pool"].avgpool_bwd(*grid, dy, dx, n, c, h, w, k, s, ho, wo, cnhw)
+    assert dx.tobytes() == lay(ops.avgpool_backward(dy, x.shape, k, s)).tobytes()
+
+
+@pytest.mark.parametrize("grid", GRIDS)
 def test_add_relu_kernel(mods, grid):
     a, b = (RNG.standard_normal(101).astype(np.float32) for _ in range(2))
     y = np.empty(101, np.float32)

@@ -268,27 +268,46 @@ class GpuOps:
 
     def maxpool_backward(self, dy, argmax, x_shape, k=2, stride=2, out=None, ws=None,
                          y=None):
-        """Into `out` where it lies when it is NCHW or an NCHW view of a
-        (C, N, H, W) buffer (the layout a conv's backward reads: the layer
-        passes one, see empty4), else a new NCHW array. With `y` (the fused
-        forward's output after its ReLU) the ReLU's backward is applied
-        too: dy passes only where y > 0."""
-        from .ops import is_cnhw
+        """Into `out` where it lies (_grad_target; the layer passes the layout
+        a conv's backward reads, see empty4). With `y` (the fused forward's
+        output after its ReLU) the ReLU's backward is applied too: dy passes
+        only where y > 0."""
         cp = self.cp
         n, c, h, w = x_shape
         ho, wo = dy.shape[2], dy.shape[3]
-        cnhw = out is not None and is_cnhw(out)
-        if cnhw:
-            dx = out.transpose(1, 0, 2, 3)
-        elif out is not None and out.flags.c_contiguous:
-            dx = out
-        else:
-            dx = cp.empty(x_shape, dy.dtype)
+        dx, cnhw = self._grad_target(out, x_shape, dy.dtype)
         dy = cp.ascontiguousarray(dy)
         self._launch("pool.cu", "maxpool_bwd", dx.size, dy, cp.ascontiguousarray(argmax),
                      dx, dy if y is None else cp.ascontiguousarray(y), np.int32(n),
                      np.int32(c), np.int32(h), np.int32(w), np.int32(k), np.int32(stride),
                      np.int32(ho), np.int32(wo), np.int32(cnhw), np.int32(y is not None))
+        return out if cnhw else self._into(dx, out)
+
+    def _grad_target(self, out, shape, dtype):
+        """(memory a pool's backward kernel writes, cnhw): `out` where it lies when
+        NCHW or an NCHW view of a (C, N, H, W) buffer, else a new NCHW array."""
+        from .ops import is_cnhw
+        if out is not None and is_cnhw(out):
+            return out.transpose(1, 0, 2, 3), 1
+        if out is not None and out.flags.c_contiguous:
+            return out, 0
+        return self.cp.empty(shape, dtype), 0
+
+    def avgpool_forward(self, x, k=2, stride=2, out=None, ws=None):
+        """x in either layout, read where it lies; y NCHW."""
+        from .ops import conv_out_size
+        (n, c, h, w), (base, cnhw) = x.shape, self._layout(x)
+        ho, wo = conv_out_size(h, k, stride, 0), conv_out_size(w, k, stride, 0)
+        y = self.cp.empty((n, c, ho, wo), x.dtype)
+        self._launch("pool.cu", "avgpool_fwd", y.size, base, y,
+                     *map(np.int32, (n, c, h, w, k, stride, ho, wo, cnhw)))
+        return self._into(y, out)
+
+    def avgpool_backward(self, dy, x_shape, k=2, stride=2, out=None):
+        """Into `out` where it lies, as maxpool_backward."""
+        dx, cnhw = self._grad_target(out, x_shape, dy.dtype)
+        self._launch("pool.cu", "avgpool_bwd", dx.size, self.cp.ascontiguousarray(dy), dx,
+                     *map(np.int32, (*x_shape, k, stride, *dy.shape[2:], cnhw)))
         return out if cnhw else self._into(dx, out)
 
     def empty4(self, shape, dtype, cnhw):

@@ -94,6 +94,25 @@ def test_pool_relu(g, k, s):
     close(g.relu_backward(g.asarray(x), r), ops.relu_backward(x, ops.relu_forward(x)), g, 0)
 
 
+@pytest.mark.parametrize("k,s", [(2, 2), (3, 2), (2, 1), (3, 3)])
+def test_avgpool(g, k, s):
+    """Bit for bit the NumPy twin (the same summation order, one multiply,
+    nothing a fused multiply-add could contract), from and into a conv's
+    (C, N, H, W) layout where it lies."""
+    x = RNG.standard_normal((2, 3, 13, 12)).astype(np.float32)
+    ry = ops.avgpool_forward(x, k, s)
+    close(g.avgpool_forward(g.asarray(x), k, s), ry, g, 0)
+    view = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+    close(g.avgpool_forward(view, k, s), ry, g, 0)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    rdx = ops.avgpool_backward(dy, x.shape, k, s)
+    close(g.avgpool_backward(g.asarray(dy), x.shape, k, s), rdx, g, 0)
+    out = g.empty4(x.shape, np.float32, True)
+    dx = g.avgpool_backward(g.asarray(dy), x.shape, k, s, out=out)
+    assert dx is out and ops.is_cnhw(dx)
+    close(dx, rdx, g, 0)
+
+
 def test_linear_and_loss(g):
     x = RNG.standard_normal((16, 40)).astype(np.float32)
     w = RNG.standard_normal((5, 40)).astype(np.float32)

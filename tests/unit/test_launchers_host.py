@@ -274,6 +274,24 @@ def test_gap_and_add_relu_launchers(g):
     _close(a, ref, g, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("k,s", [(2, 2), (3, 2), (2, 1), (3, 3)])
+def test_avgpool_launchers(g, k, s):
+    """Both layouts in, the gradient into a conv's (C, N, H, W) layout where
+    it lies or into a plain array; the bits are the NumPy twin's."""
+    x = RNG.standard_normal((3, 4, 9, 8)).astype(np.float32)
+    ry = ops.avgpool_forward(x, k, s)
+    xc = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+    for xd in (g.asarray(x), xc):
+        _close(g.avgpool_forward(xd, k, s), ry, g, rtol=0, atol=0)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    rdx = ops.avgpool_backward(dy, x.shape, k, s)
+    _close(g.avgpool_backward(g.asarray(dy), x.shape, k, s), rdx, g, rtol=0, atol=0)
+    out = g.empty4(x.shape, np.float32, True)
+    assert g.avgpool_backward(g.asarray(dy), x.shape, k, s, out=out) is out
+    assert ops.is_cnhw(out)
+    _close(out, rdx, g, rtol=0, atol=0)
+
+
 def test_a_resnet8_step_on_the_device_matches_the_numpy_engine(g):
     """A training step and an evaluation of resnet8 through the kernels:
     gradients, the moved running statistics and eval logits agree with

@@ -3,10 +3,11 @@
 Graph: input ``image`` float32 (N, C, H, W), RAW pixel values 0..255 as
 stored (RGB, or the data set's bands in prep's uint8 units), NCHW; the training normalisation is folded in as Sub(mean) and Div(std);
 then each layer's own node(s) in the model's layer order (``Layer.onnx``
-in ibtmpi/layers/: Conv, MaxPool, Relu, Flatten, Gemm; dropout is the
-identity at inference); outputs ``logits`` (N, K) and ``probs`` =
-Softmax(logits). Opset 17. Test: tests/unit/test_outputs.py runs
-onnxruntime on it against our own forward.
+in ibtmpi/layers/: Conv, MaxPool, AveragePool, Relu, Flatten, Gemm;
+dropout is the identity at inference); outputs ``logits`` (N, K) and
+``probs`` = Softmax(logits). Opset 17. Tests: tests/unit/test_outputs.py
+runs onnxruntime on it against our own forward, tests/unit/test_model.py on
+an avgpool model.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .base import LAYERS, REQUIRED, Layer, he_normal, he_std, register, spec_entry
 # the registration lines: importing a layer module registers its classes
 from .conv import Conv2d
-from .pool import GlobalAvgPool, MaxPool2d
+from .pool import AvgPool2d, GlobalAvgPool, MaxPool2d
 from .activation import ReLU
 from .linear import Flatten, Linear
 from .dropout import Dropout
@@ -22,6 +22,6 @@ from .residual import Residual
 from .fuse import commute_relu_pool, fuse_for_device, plan_phase_out
 
 __all__ = ["LAYERS", "REQUIRED", "Layer", "register", "spec_entry", "he_std", "he_normal",
-           "Conv2d", "MaxPool2d", "GlobalAvgPool", "ReLU", "Flatten", "Linear", "Dropout",
-           "BatchNorm2d", "Residual",
+           "Conv2d", "MaxPool2d", "AvgPool2d", "GlobalAvgPool", "ReLU", "Flatten", "Linear",
+           "Dropout", "BatchNorm2d", "Residual",
            "commute_relu_pool", "plan_phase_out", "fuse_for_device"]

@@ -1,9 +1,12 @@
-"""The max-pool layer (spec ``{type="maxpool", k=2, stride=2}``; stride
-omitted = k) over ibtmpi/ops/pool.py (NumPy, with the host phase-array fast
-path after a conv) or backend.GpuOps (kernels/pool.cu, where it may also add
-the conv's bias and apply the following ReLU: layers/fuse.py). Tests:
-tests/unit/test_ops.py (naive loops, finite differences),
-tests/unit/test_launchers_host.py (the fused path).
+"""The pooling layers over ibtmpi/ops/pool.py (NumPy) or backend.GpuOps
+(kernels/pool.cu): the max-pool (spec ``{type="maxpool", k=2, stride=2}``;
+stride omitted = k; with the host phase-array fast path after a conv, and on
+a GPU the conv's bias and the following ReLU taken in: layers/fuse.py), the
+average pool (``{type="avgpool", k=2, stride=2}``, the same windows; not
+fused: a ReLU does not commute with a mean) and the global average pool
+(``"gap"``). Tests: tests/unit/test_ops.py (naive loops, finite
+differences), tests/unit/test_launchers_host.py (the fused path),
+tests/unit/test_model.py (an avgpool model's gradient and ONNX export).
 """
 from __future__ import annotations
 
@@ -11,17 +14,18 @@ from .. import ops
 from .base import Layer, register
 
 
-@register
-class MaxPool2d(Layer):
-    kind = "maxpool"
+class _WindowPool(Layer):
+    """What the k x k window pools share (not a layer kind of its own): the
+    spec keys (stride omitted = k; no padding), the build, the output shape,
+    the ONNX node (``onnx_op`` with kernel_shape and strides), describe()."""
+
     keys = {"k": 2, "stride": None}
+    onnx_op = ""
 
     def __init__(self, k=2, stride=None):
         super().__init__()
         self.k = k
         self.stride = k if stride is None else stride
-        self.bias = None        # fuse_for_device: the conv's bias, added here
-        self.relu = False       # fuse_for_device: the ReLU that follows, applied here
 
     @classmethod
     def from_spec(cls, entry, in_shape, n_classes, idx):
@@ -32,6 +36,24 @@ class MaxPool2d(Layer):
         c, h, w = in_shape
         return (c, ops.conv_out_size(h, self.k, self.stride, 0),
                 ops.conv_out_size(w, self.k, self.stride, 0))
+
+    def onnx(self, inp, out, i, helper, numpy_helper):
+        return [helper.make_node(self.onnx_op, [inp], [out], kernel_shape=[self.k, self.k],
+                                 strides=[self.stride] * 2)], []
+
+    def describe(self):
+        return f"{self.kind}{self.k}(stride {self.stride})"
+
+
+@register
+class MaxPool2d(_WindowPool):
+    kind = "maxpool"
+    onnx_op = "MaxPool"
+
+    def __init__(self, k=2, stride=None):
+        super().__init__(k, stride)
+        self.bias = None        # fuse_for_device: the conv's bias, added here
+        self.relu = False       # fuse_for_device: the ReLU that follows, applied here
 
     def forward(self, x, train):
         self.phase = x.ndim          # 5, 6: a conv's phase array (host only)
@@ -63,12 +85,25 @@ class MaxPool2d(Layer):
         return self.ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
                                          self.stride, out=out, **fused)
 
-    def onnx(self, inp, out, i, helper, numpy_helper):
-        return [helper.make_node("MaxPool", [inp], [out], kernel_shape=[self.k, self.k],
-                                 strides=[self.stride] * 2)], []
 
-    def describe(self):
-        return f"maxpool{self.k}(stride {self.stride})"
+@register
+class AvgPool2d(_WindowPool):
+    """Mean over k x k windows with stride s (no padding); overlapping
+    windows (stride < k) are fine. The output keeps the input's physical
+    layout on the host, and the gradient is written in it (a conv's
+    (C, N, H, W)) on either backend."""
+
+    kind = "avgpool"
+    onnx_op = "AveragePool"
+
+    def forward(self, x, train):
+        self.x_shape = x.shape
+        self.x_cnhw = ops.is_cnhw(x)
+        return self.ops.avgpool_forward(x, self.k, self.stride, ws=self.ws)
+
+    def backward(self, dy, need_dx=True):
+        out = self._scratch("dx", self.x_shape, dy.dtype, self.x_cnhw)
+        return self.ops.avgpool_backward(dy, self.x_shape, self.k, self.stride, out=out)
 
 
 @register

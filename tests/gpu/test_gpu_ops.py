@@ -258,6 +258,12 @@ def test_gap_add_relu_and_input_normalisation(g):
     assert g.asnumpy(y).tobytes() == normalize(u8, mean, std).tobytes()   # no FMA
 
 
+def test_avgpool_model_step_matches_the_numpy_engine(g):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
+    from devcheck import AVGPOOL_SPEC, step_matches_numpy
+    step_matches_numpy(g, AVGPOOL_SPEC, 16, 8, 4, 1e-3, 1e-4)
+
+
 def test_resnet8_step_matches_the_numpy_engine(g):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
     from devcheck import step_matches_numpy       # the stand-in tests' check

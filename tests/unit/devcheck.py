@@ -1,7 +1,15 @@
 """A check shared by the stand-in tests (tests/unit) and the gpu suite
 (tests/gpu, which puts this directory on its path): one training step of a
-preset on the device ops `g` against the NumPy engine."""
+preset or layer list on the device ops `g` against the NumPy engine."""
 import numpy as np
+
+# conv -> relu -> overlapping avgpool (reads the (C, N, H, W) layout the conv's
+# output keeps through the relu, writes its gradient there) -> conv -> relu ->
+# avgpool -> gap -> linear
+AVGPOOL_SPEC = [{"type": "conv", "out": 4, "k": 3, "pad": 1}, "relu",
+                {"type": "avgpool", "k": 3, "stride": 2},
+                {"type": "conv", "out": 6, "k": 3, "pad": 1}, "relu",
+                {"type": "avgpool", "k": 2}, "gap", {"type": "linear"}]
 
 
 def step_matches_numpy(g, spec, size, batch, seed, rtol, atol):

@@ -292,6 +292,11 @@ def test_avgpool_launchers(g, k, s):
     _close(out, rdx, g, rtol=0, atol=0)
 
 
+def test_an_avgpool_model_step_on_the_device_matches_the_numpy_engine(g):
+    from devcheck import AVGPOOL_SPEC, step_matches_numpy
+    step_matches_numpy(g, AVGPOOL_SPEC, 12, 4, 2, 1e-5, 1e-6)
+
+
 def test_a_resnet8_step_on_the_device_matches_the_numpy_engine(g):
     """A training step and an evaluation of resnet8 through the kernels:
     gradients, the moved running statistics and eval logits agree with

@@ -10,6 +10,7 @@ from ibtmpi.data_prep import synth
 from ibtmpi.model import Model
 from ibtmpi.optim import SGD
 from ibtmpi import serial
+from test_ops import numgrad
 
 RNG = np.random.default_rng(7)
 
@@ -75,6 +76,62 @@ def test_relu_pool_reordering_gives_the_spec_order_result():
     y, _ = ops.maxpool_forward(np.ascontiguousarray(y), 2, 2)
     ref = ops.linear_forward(y.reshape(2, -1), *lin.params)
     np.testing.assert_allclose(m.forward(x), ref, rtol=1e-12)
+
+
+def avgpool_spec(tail):
+    """conv -> relu -> overlapping avgpool -> conv -> relu -> avgpool ->
+    flatten or gap -> linear; the relus stay before the pools (a mean does
+    not commute with a relu the way a max does)."""
+    return [{"type": "conv", "out": 3, "k": 3, "pad": 1}, "relu",
+            {"type": "avgpool", "k": 3, "stride": 2},
+            {"type": "conv", "out": 4, "k": 3, "pad": 1}, "relu",
+            {"type": "avgpool", "k": 2}, tail, {"type": "linear"}]
+
+
+@pytest.mark.parametrize("tail", ["flatten", "gap"])
+def test_avgpool_model_trains_and_its_gradient_matches_finite_differences(tail):
+    m = Model(avgpool_spec(tail), (2, 9, 11), 3, dtype=np.float64, seed=4)
+    assert [l.kind for l in m.layers][:6] == ["conv", "relu", "avgpool", "conv", "relu",
+                                             "avgpool"]
+    assert m.shapes[3] == (3, 4, 5) and m.shapes[6] == (4, 2, 2)
+    x = RNG.standard_normal((3, 2, 9, 11))
+    y = np.array([0, 2, 1])
+    loss0, _ = m.loss_and_grad(x, y)
+    analytic = m.grads.copy()
+
+    def loss():
+        return ops.softmax_xent_forward(m.forward(x), y)[0]
+    np.testing.assert_allclose(analytic, numgrad(loss, m.params), rtol=1e-5, atol=1e-8)
+    # one training step on the float32 model moves the parameters downhill
+    m32 = Model(avgpool_spec(tail), (2, 9, 11), 3, seed=4)
+    x32 = x.astype(np.float32)
+    before, _ = m32.loss_and_grad(x32, y)
+    SGD(m32.params, lr=0.1).step(m32.grads)
+    after, _ = m32.loss_and_grad(x32, y)
+    assert np.isfinite(before) and after < before
+
+
+@pytest.mark.parametrize("tail", ["flatten", "gap"])
+def test_avgpool_model_exports_to_onnx_like_our_forward(tail):
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from types import SimpleNamespace
+    import onnx
+    from ibtmpi import onnx_export
+    m = Model(avgpool_spec(tail), (2, 9, 11), 3, seed=5)
+    mean, std = np.float32([100.0, 120.0]), np.float32([50.0, 60.0])
+    t = SimpleNamespace(model=m, mean=mean, std=std, classes=["a", "b", "c"])
+    proto = onnx_export.build(t)
+    pools = [n for n in proto.graph.node if n.op_type == "AveragePool"]
+    assert [[(a.name, list(a.ints)) for a in n.attribute] for n in pools] == [
+        [("kernel_shape", [3, 3]), ("strides", [2, 2])],
+        [("kernel_shape", [2, 2]), ("strides", [2, 2])]]
+    onnx.checker.check_model(proto)
+    sess = ort.InferenceSession(proto.SerializeToString())
+    raw = RNG.uniform(0, 255, (4, 2, 9, 11)).astype(np.float32)
+    ours = m.forward((raw - mean[:, None, None]) / std[:, None, None])
+    got = sess.run(["logits"], {"image": raw})[0]
+    assert np.abs(got - ours).max() <= 1e-5
 
 
 def test_phase_fast_path_gives_the_plain_path_result():

@@ -32,8 +32,8 @@ def torch_net(spec, input_shape, n_classes):
     with or without bias as ours, BatchNorm2d with our momentum and eps,
     residual basic blocks as torchvision's), for side-by-side timing."""
     import torch
-    from ibtmpi.layers import (BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool,
-                               Linear, MaxPool2d, ReLU, Residual)
+    from ibtmpi.layers import (AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten,
+                               GlobalAvgPool, Linear, MaxPool2d, ReLU, Residual)
     from ibtmpi.model import build_layers
     nn = torch.nn
 
@@ -47,6 +47,8 @@ def torch_net(spec, input_shape, n_classes):
             return nn.ReLU(inplace=True)
         if isinstance(layer, MaxPool2d):
             return nn.MaxPool2d(layer.k, layer.stride)
+        if isinstance(layer, AvgPool2d):
+            return nn.AvgPool2d(layer.k, layer.stride)
         if isinstance(layer, GlobalAvgPool):
             return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
         if isinstance(layer, Flatten):

@@ -83,3 +83,31 @@ def test_scaling_model_puts_the_master_in_the_block_pipeline():
     one = [dict(l, master_is_worker=True, master_busy_s=0.26) for l in lines]
     ts, busy, serial = b.run_inputs(one, 2)
     assert serial and busy == pytest.approx(0.06)
+
+
+def test_torch_twin_of_an_avgpool_model_computes_our_forward():
+    """bench_step.torch_net gives PyTorch the same architecture: an avgpool
+    layer becomes nn.AvgPool2d(k, stride), and with our weights copied in
+    the twin's logits are ours."""
+    torch = pytest.importorskip("torch")
+    import importlib.util
+    import numpy as np
+    from ibtmpi.model import Model
+    spec = [{"type": "conv", "out": 3, "k": 3, "pad": 1}, "relu",
+            {"type": "avgpool", "k": 3, "stride": 2}, {"type": "avgpool", "k": 2},
+            "flatten", {"type": "linear"}]
+    path = os.path.join(ROOT, "benchmarks", "bench_step.py")
+    mod = importlib.util.spec_from_file_location("bench_step", path)
+    bench = importlib.util.module_from_spec(mod)
+    mod.loader.exec_module(bench)
+    net = bench.torch_net(spec, (2, 11, 10), 4)
+    pools = [l for l in net if isinstance(l, torch.nn.AvgPool2d)]
+    assert [(p.kernel_size, p.stride, p.padding) for p in pools] == [(3, 2, 0), (2, 2, 0)]
+    m = Model(spec, (2, 11, 10), 4, seed=2)
+    assert len(list(net.parameters())) == 4           # conv and linear weight, bias
+    with torch.no_grad():
+        for t, ours in zip(net.parameters(), (p for l in m.layers for p in l.params)):
+            t.copy_(torch.from_numpy(ours))
+    x = np.random.default_rng(0).standard_normal((3, 2, 11, 10)).astype(np.float32)
+    got = net(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(got, m.forward(x), rtol=1e-5, atol=1e-6)

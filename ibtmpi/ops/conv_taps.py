@@ -41,8 +41,9 @@ Threads: with more than one BLAS thread, a conv's chunks run on that
 many Python threads (NumPy's copies and GEMMs release the GIL), each GEMM
 on one BLAS thread: these GEMMs are too small to split (2 BLAS threads on
 them ran resnet8's step 1.6x SLOWER than one). Each thread has its own
-chunk buffers; the weight gradient's per-chunk parts are kept and added
-in chunk order, so every result is the same bits for any thread count.
+chunk buffers; the chunks run in waves of that many, and the weight
+gradient's per-chunk parts are added in chunk order after each wave, so
+every result is the same bits for any thread count.
 
 Exactness: every output and input-gradient cell sums the same terms as
 conv.py's plain ops, so the results agree to float32 rounding. The
@@ -141,16 +142,21 @@ class Taps:
 def taps_pay(c, f, k, stride, h, w, pad, phase=None):
     """Whether the host conv takes this module's path: a taps layout exists
     (a "same" stride-1 conv wider than 1x1, or a 3x3 pad-1 stride-2 conv on
-    an even input), no pooling-phase output, and a narrow conv (C*k*k*F up
-    to that of a 64 -> 64 3x3 conv; wider ones run efficient GEMMs on
-    conv.py's path, and its shared recomputed columns bound their memory)."""
+    an even input), no pooling-phase output, and either a narrow conv
+    (C*k*k*F up to that of a 64 -> 64 3x3 conv) or an output of at least
+    16x16. Measured per conv, forward + backward, batch 64, 1 thread,
+    against conv.py's im2col path: 128 -> 128 at 32x32 0.93x the time,
+    256 -> 256 at 16x16 0.96x, 64 -> 128 stride 2 from 64x64 0.85x; but
+    512 -> 512 at 8x8 1.08x and 256 -> 512 stride 2 to 8x8 1.18x (wide
+    GEMMs over few positions: one big GEMM beats many chunks), which stay
+    on conv.py's path."""
     if k < 2 or phase:
         return False
     try:
-        Taps((1, c, h, w), k, pad, stride)
+        tp = Taps((1, c, h, w), k, pad, stride)
     except ValueError:
         return False
-    return c * k * k * f <= 64 * 9 * 64
+    return c * k * k * f <= 64 * 9 * 64 or tp.gh * tp.gw >= 256
 
 
 def chunk_images(rows, per_image, itemsize):
@@ -300,7 +306,8 @@ def conv2d_taps_backward(dy, src, x_shape, w, pad, dw, db, need_dx=True, ws=None
         np.sum(g[0], axis=1, out=db)
     nb = chunk_images(max(c, f) * kk, per, dy.dtype.itemsize)
     starts = range(0, n, nb)
-    parts = _buf(ws, "dwparts", (len(starts), c * kk, f), dy.dtype)
+    wave = min(_threads(), len(starts))        # chunks in flight; their dW parts
+    parts = _buf(ws, "dwparts", (wave, c * kk, f), dy.dtype)
     if need_dx:
         groups = [[t for t, tap in enumerate(tp.taps) if tap[0] == p] for p in range(tp.planes)]
         w3 = w.reshape(f, c, kk)
@@ -316,7 +323,7 @@ def conv2d_taps_backward(dy, src, x_shape, w, pad, dw, db, need_dx=True, ws=None
         pr = _gather(src, tp, tp.taps, q0, m, _rows(col, c * kk, length))
         gc = _rows(sc.shared("tapg", (f * (nb * per + 16),), dy.dtype), f, length)
         np.copyto(gc, g[0, :, q0:q0 + length])      # dy's rows, padded as _rows says
-        np.matmul(pr, gc.T, out=parts[i])
+        np.matmul(pr, gc.T, out=parts[i % wave])
         if not need_dx:
             return
         out = sc.shared("tapy", (c * nb * per,), dy.dtype)[:c * length].reshape(c, length)
@@ -325,11 +332,15 @@ def conv2d_taps_backward(dy, src, x_shape, w, pad, dw, db, need_dx=True, ws=None
                          _rows(col, f * len(ts), length), sign=-1)
             np.matmul(wts[p], pg, out=out)                  # see the forward
             np.copyto(dxp[p, :, q0:q0 + length], out)
-    _run([lambda i=i, n0=n0: chunk(i, n0) for i, n0 in enumerate(starts)])
     dwt = _buf(ws, "dwt", (c * kk, f), dy.dtype)
-    np.copyto(dwt, parts[0])
-    for part in parts[1:]:                  # in chunk order, for any thread count
-        dwt += part
+    for w0 in range(0, len(starts), wave):
+        todo = range(w0, min(w0 + wave, len(starts)))
+        _run([lambda i=i: chunk(i, starts[i]) for i in todo])
+        for i in todo:                      # in chunk order, for any thread count
+            if i == 0:
+                np.copyto(dwt, parts[0])
+            else:
+                dwt += parts[i % wave]
     np.copyto(dw.reshape(f, -1), dwt.T)
     if not need_dx:
         return None

@@ -153,11 +153,14 @@ def test_which_convs_take_the_taps():
     assert pays(32, 64, 3, 2, 16, 16, 1)
     assert not pays(16, 32, 3, 2, 31, 32, 1)        # stride 2 on an odd input
     assert not pays(16, 32, 3, 2, 32, 32, 0)        # stride 2 without padding
-    assert not pays(64, 128, 3, 2, 64, 64, 1)       # wide
+    assert pays(64, 128, 3, 2, 64, 64, 1)
     assert not pays(16, 16, 3, 3, 33, 33, 1)        # stride 3
     assert not pays(16, 32, 1, 1, 32, 32, 0)        # 1x1
     assert not pays(16, 16, 3, 1, 32, 32, 1, "rows")    # pooling-phase output
-    assert not pays(128, 128, 3, 1, 32, 32, 1)      # wide: efficient GEMMs already
+    assert pays(128, 128, 3, 1, 32, 32, 1)          # wide, but many positions
+    assert pays(256, 256, 3, 1, 16, 16, 1)
+    assert not pays(512, 512, 3, 1, 8, 8, 1)        # wide over few: one big GEMM wins
+    assert not pays(256, 512, 3, 2, 16, 16, 1)
     assert not pays(16, 16, 3, 1, 8, 8, 0)          # not "same": conv.py's path
     assert not pays(16, 16, 2, 1, 8, 8, 1)
 

@@ -284,8 +284,7 @@ class GpuOps:
         return out if cnhw else self._into(dx, out)
 
     def _grad_target(self, out, shape, dtype):
-        """(memory a pool's backward kernel writes, cnhw): `out` where it lies when
-        NCHW or an NCHW view of a (C, N, H, W) buffer, else a new NCHW array."""
+        """(dx, cnhw): `out` where it lies (NCHW or a (C, N, H, W) view), else new NCHW."""
         from .ops import is_cnhw
         if out is not None and is_cnhw(out):
             return out.transpose(1, 0, 2, 3), 1

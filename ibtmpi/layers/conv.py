@@ -92,9 +92,9 @@ class Conv2d(Layer):
         return self.shared_ws.shared("col", (c * self.k * self.k, m), dtype)
 
     def _taps(self, x_shape):
-        """Whether this forward takes the host's taps path (ops/conv_taps.py:
-        narrow "same" convs of stride 1 and 3x3 convs of stride 2, in
-        cache-sized chunks, no stored columns)."""
+        """Whether this forward takes the host's taps path (ops/conv_taps.py
+        taps_pay: "same" stride-1 and 3x3 stride-2 convs, narrow or over
+        16x16 outputs or more; cache-sized chunks, no stored columns)."""
         return self.on_host and ops.taps_pay(self.in_ch, self.out_ch, self.k, self.stride,
                                               x_shape[2], x_shape[3], self.pad,
                                               self.phase_out)

@@ -11,11 +11,10 @@ kernels mirror the plain versions, which stay the reference): a conv
 followed by a 2x2/stride-2 max-pool orders its GEMM columns by pooling
 phase (``phase="rows"`` or ``"quads"``, see ``im2col``), so the pool reads
 contiguous blocks; a stride-1 conv computes its input gradient on the
-padded grid (conv_grid.py ``input_grad_on_grid``); narrow 3x3 convs
-take the host's taps path instead (conv_taps.py, layers/conv.py). NumPy's
-element-wise loops run 5-10x
-slower on short strided runs than on contiguous ones, and most of these
-choices follow from that (docs/benchmarks.md). Tests: tests/unit/test_ops.py
+padded grid (conv_grid.py ``input_grad_on_grid``); most 3x3 convs
+take the host's taps path instead (conv_taps.py taps_pay, layers/conv.py).
+NumPy's element-wise loops run 5-10x slower on short strided runs than on
+contiguous ones, and most of these choices follow from that (docs/benchmarks.md). Tests: tests/unit/test_ops.py
 (naive loops, scipy.signal, finite differences), tests/gpu/test_gpu_ops.py.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Host convolution by shifted taps, in cache-sized chunks of images (the
-NumPy engine's path for narrow 3x3 convs; the CUDA kernels and the
-reference ops in conv.py keep the plain im2col order).
+NumPy engine's path for most 3x3 convs, see taps_pay; the CUDA kernels and
+the reference ops in conv.py keep the plain im2col order).
 
 The layout. The conv's input is read as one flat row per channel,
 (C, N*H*W): a "same" stride-1 conv (k = 2*pad + 1) reads, for output
@@ -67,7 +67,7 @@ from .common import Workspace, _buf
 CHUNK_BYTES = 2 * 2**20     # measured: 0.5-8 MiB all within noise on a 1 MiB-L2 core
 
 _tls = threading.local()    # each thread's chunk buffers
-_state = {"threads": None, "pool": None, "blas": None}
+_state = {"threads": None, "pool": None, "pool_n": 0, "blas": None}
 
 
 def set_threads(n):
@@ -98,8 +98,11 @@ def _run(tasks):
         for task in tasks:
             task()
         return
-    if _state["pool"] is None or _state["pool"]._max_workers != n:
+    if _state["pool_n"] != n:
+        if _state["pool"] is not None:
+            _state["pool"].shutdown()
         _state["pool"] = ThreadPoolExecutor(n, thread_name_prefix="conv-taps")
+        _state["pool_n"] = n
     if _state["blas"] is None:
         from threadpoolctl import ThreadpoolController
         _state["blas"] = ThreadpoolController().select(user_api="blas").lib_controllers

@@ -5,6 +5,7 @@ first block); one Allreduce per block."""
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -21,13 +22,27 @@ pytestmark = pytest.mark.mpi(min_size=2)
 W = MPI.COMM_WORLD
 
 
+_DIRS = []       # run directories this rank made, removed when the module ends
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_dirs():
+    yield
+    W.Barrier()
+    for d in _DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+    _DIRS.clear()
+
+
 def make_cfg(path, algo, simulate=0, extra=()):
     """Collective when simulate == 0 (all ranks agree on the run dir)."""
     if simulate:
         run_dir = tempfile.mkdtemp(prefix="ibtmpi-sim-")
+        _DIRS.append(run_dir)
     else:
-        run_dir = W.bcast(tempfile.mkdtemp(prefix="ibtmpi-run-")
-                          if W.Get_rank() == 0 else None)
+        made = tempfile.mkdtemp(prefix="ibtmpi-run-") if W.Get_rank() == 0 else None
+        _DIRS.extend([made] if made else [])
+        run_dir = W.bcast(made)
     return load(None, [f"data.path={path}", f"algorithm.name={algo}",
                        "data.split_size=30", "data.batch=10", "model.layers=tiny",
                        "run.passes=1.5", "run.quiet=true", f"run.dir={run_dir}",

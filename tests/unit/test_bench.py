@@ -113,6 +113,53 @@ def test_holdout_decides_the_target_with_a_paired_standard_error(small_dataset, 
     assert np.isfinite(g["se_pt"])
 
 
+def test_holdout_table_of_the_fixed_block_runs_pairs_each_seed(small_dataset, tmp_path):
+    """T2 on the held-out set: each run against the N = 1 run of its own seed,
+    the gap's SE from the seed-averaged per-image differences and the seeds'
+    spread, as a direct computation gives them."""
+    import math
+    from ibtmpi.data_prep.prep import prep_synth
+    from ibtmpi.dataset import Dataset
+    from ibtmpi.outputs import load_trained
+    runs = []
+    for name, algo, n, sd in (("t2-sgd-1", "sgd", 1, 0), ("t2-ibt-2", "ibt", 2, 0),
+                              ("t2-sgd-1-s1", "sgd", 1, 1), ("t2-ibt-2-s1", "ibt", 2, 1)):
+        d = str(tmp_path / name)
+        cfg = load(None, [f"data.path={small_dataset}", f"algorithm.name={algo}",
+                          "data.block_size=80", "data.batch=16", "model.layers=tiny",
+                          "run.passes=1", "run.quiet=true", f"run.dir={d}",
+                          f"run.simulate={n if n > 1 else 0}", "run.threads=1",
+                          f"model.seed={sd}", f"data.seed={sd}"])
+        Trainer(cfg, log=lambda m: None).run()
+        runs.append(d)
+    hold = str(tmp_path / "hold")
+    prep_synth(hold, n=300, size=16, seed=11, shards=1, quiet=True)
+    sp = Dataset(hold).split("test")
+    ok = [[int(v) for v in load_trained(d).probs(sp.read_all()).argmax(1) == sp.labels]
+          for d in runs]
+    n = len(ok[0])
+    diffs = [[ok[0][i] - ok[1][i] for i in range(n)], [ok[2][i] - ok[3][i] for i in range(n)]]
+    gaps = [100 * sum(d) / n for d in diffs]
+    per_image = [(diffs[0][i] + diffs[1][i]) / 2 for i in range(n)]
+    m = sum(per_image) / n
+    se_img = 100 * math.sqrt(sum((v - m) ** 2 for v in per_image) / (n - 1) / n)
+    g = sum(gaps) / 2
+    se_seed = math.sqrt(((gaps[0] - g) ** 2 + (gaps[1] - g) ** 2) / 1 / 2)
+    se = math.sqrt(se_img ** 2 + se_seed ** 2)
+    acc = (sum(ok[1]) + sum(ok[3])) / (2 * n)
+    out = tmp_path / "rep"
+    assert main(["bench", "report", *runs, "--out", str(out), "--holdout", hold]) == 0
+    md = (out / "report.md").read_text()
+    assert f"## T2 on the held-out set {hold} ({n:,} images)" in md
+    base = (sum(ok[0]) + sum(ok[2])) / (2 * n)
+    assert f"| sgd | {base:.4f} (n=2) | - |" in md
+    assert f"| ibt | - | {acc:.4f}, {g:+.2f} +- {se:.2f} pt (n=2) |" in md
+    verdict = "MET" if g <= 0.5 else "NOT MET"
+    assert (out / "t4_val_accuracy.png").stat().st_size > 2000     # from the T2 runs
+    assert f"ibt within 0.5 pt of N = 1 on these images: N = 2 {verdict} " \
+           f"(one-sided 95% bound {g + 1.645 * se:+.2f} pt)" in md
+
+
 def test_bench_run_starts_real_mpi_jobs_and_reports(small_dataset, tmp_path, capsys):
     """`bench run` end to end, small: N = 2 as a real `mpiexec -n 3` job
     (started through ibtmpi.launcher), N = 1 as one process, then the report."""

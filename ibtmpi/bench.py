@@ -43,14 +43,14 @@ FIXED_BLOCK_PAIR = ("admm", "ibt")  # T2, the paper's "traditional" vs "improved
 MARK = "bench.json"          # in each run directory: what made it
 
 
-def run_one(out_dir, name, data, algo, n, sets, mpi, log=print, fresh=False):
-    """Train one comparison run into out_dir/name; returns True when it
-    finished or diverged (a result), False when it failed. A run directory
-    that already holds a result of the same command is kept, not redone,
-    so a bench that was stopped (a crash, a time limit) resumes where it
-    was; fresh=True redoes it."""
+def run_one(out_dir, name, data, algo, n, sets, mpi, log=print, fresh=False, device="cpu"):
+    """Train one comparison run into out_dir/name (on `device`: train's
+    --device); returns True when it finished or diverged (a result), False
+    when it failed. A run directory that already holds a result of the same
+    command is kept, not redone, so a bench that was stopped (a crash, a
+    time limit) resumes where it was; fresh=True redoes it."""
     d = os.path.join(out_dir, name)
-    base = ["train", "--quiet",
+    base = ["train", "--quiet"] + (["--device", device] if device != "cpu" else []) + [
             "--set", f"data.path={data}", "--set", f"algorithm.name={algo}",
             "--set", f"run.dir={d}", "--set", "run.resume=never"]
     for s in sets:

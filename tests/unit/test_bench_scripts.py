@@ -111,3 +111,37 @@ def test_torch_twin_of_an_avgpool_model_computes_our_forward():
     x = np.random.default_rng(0).standard_normal((3, 2, 11, 10)).astype(np.float32)
     got = net(torch.from_numpy(x)).detach().numpy()
     np.testing.assert_allclose(got, m.forward(x), rtol=1e-5, atol=1e-6)
+
+
+def test_paper_experiment_runs_its_grid_in_order_and_reports(small_dataset, tmp_path):
+    """benchmarks/paper_experiment.py, tiny: seed 0's grid, then seed 1's
+    without bmuf (--bmuf-seeds 1), two at a time; the report's fixed-block
+    tables on the held-out set; a rerun keeps every run."""
+    from ibtmpi.data_prep.prep import prep_synth
+    hold = str(tmp_path / "hold")
+    prep_synth(hold, n=300, size=16, seed=11, shards=1, quiet=True)
+    out = tmp_path / "paper"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "paper_experiment.py"),
+           "--out", str(out), "--data", small_dataset, "--holdout", hold, "--ns", "2,4",
+           "--algos", "ibt,bmuf", "--seeds", "2", "--bmuf-seeds", "1", "--passes", "1",
+           "--block", "80", "--batch", "10", "--streams", "2", "--threads", "1",
+           "--set", "model.layers=tiny"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    names = ["t2-sgd-1", "t2-ibt-2", "t2-bmuf-2", "t2-ibt-4", "t2-bmuf-4",
+             "t2-sgd-1-s1", "t2-ibt-2-s1", "t2-ibt-4-s1"]
+    assert sorted(os.listdir(out)) == sorted(names + ["report"])
+    starts = [line.split()[1].rstrip(":") for line in r.stdout.splitlines()
+              if line.endswith(": start")]
+    assert sorted(starts) == sorted(names) and set(starts[:5]) == set(names[:5])
+    md = (out / "report" / "report.md").read_text()
+    assert "## T2: fixed block of 80 samples" in md and "| ibt | - |" in md
+    assert f"## T2 on the held-out set {hold}" in md
+    assert "ibt within 0.5 pt of N = 1 on these images: N = 2" in md
+    from ibtmpi.config import tomllib
+    with open(out / "t2-ibt-4-s1" / "config.toml", "rb") as f:
+        cfg = tomllib.load(f)
+    assert (cfg["data"]["block_size"], cfg["data"]["batch"], cfg["model"]["seed"],
+            cfg["optim"]["schedule"], cfg["run"]["simulate"]) == (80, 10, 1, "cosine", 4)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert again.returncode == 0 and again.stdout.count("done earlier") == len(names)

@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""The paper's experiment: 25,000 images in 5 classes (20,000 train), a
+fixed block of 4,960 samples split over N = 10, 20, 40 workers (10 x 496,
+20 x 248, 40 x 124), sgd at N = 1 against admm ("traditional"), ibt
+("improved") and bmuf at each N, at equal passes with a cosine schedule,
+over several seeds; then `ibtmpi bench report --holdout` (test accuracy
+mean +- sd, each run's gap to the N = 1 run of its seed on images no run
+saw, time to accuracy).
+
+Every N > 1 is simulated in one process (its accuracy equals the MPI
+run's; the times are not speedups). Runs go in priority order (seed 0's
+whole grid first), --streams at a time; a run already done with the same
+command is kept, so a stopped experiment resumes.
+
+  python benchmarks/paper_experiment.py --out runs/paper --size 32            # CPU
+  python benchmarks/paper_experiment.py --out runs/paper --size 64 --device gpu --streams 4
+"""
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ibtmpi import bench
+from ibtmpi.data_prep.prep import prep_synth
+
+
+def grid(a):
+    """(name, algorithm, N, --set list) in priority order: seed 0's runs
+    first, then each further seed's (bmuf only for --bmuf-seeds of them)."""
+    common = [f"run.passes={a.passes:g}", f"data.batch={a.batch}",
+              f"data.block_size={a.block}", f"optim.schedule={a.schedule}",
+              f"run.threads={a.threads}", *a.set]
+    jobs = []
+    for sd in range(a.seeds):
+        algos = [x for x in a.algos if x != "bmuf" or sd < a.bmuf_seeds]
+        cells = [("sgd", 1)] + [(x, n) for n in a.ns for x in algos]
+        seed = [f"model.seed={sd}", f"data.seed={sd}"] if sd else []
+        jobs += [(f"t2-{x}-{n}" + (f"-s{sd}" if sd else ""), x, n, common + seed)
+                 for x, n in cells]
+    return jobs
+
+
+def data_set(path, size, seed, log):
+    if not os.path.isfile(os.path.join(path, "dataset.json")):
+        log(f"making {path}: 25,000 synthetic {size}x{size} images (seed {seed})")
+        prep_synth(path, n=25000, size=size, seed=seed, quiet=True)
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--size", type=int, default=64, help="image side of the made data sets")
+    p.add_argument("--data", help="the data set (default OUT/data-SIZE, made if missing)")
+    p.add_argument("--holdout", help="a set no run sees (default OUT/holdout-SIZE: "
+                                     "another seed, made if missing); 'none': without")
+    p.add_argument("--ns", default="10,20,40")
+    p.add_argument("--algos", default="admm,ibt,bmuf")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--bmuf-seeds", type=int, default=None,
+                   help="seeds that run bmuf (default all)")
+    p.add_argument("--passes", type=float, default=20)
+    p.add_argument("--block", type=int, default=4960)
+    p.add_argument("--batch", type=int, default=31, help="31: 496, 248, 124 in whole steps")
+    p.add_argument("--schedule", default="cosine")
+    p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    p.add_argument("--streams", type=int, default=1, help="runs at a time")
+    p.add_argument("--threads", type=int, default=None,
+                   help="BLAS threads a run (default: cores / streams)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--report-only", action="store_true")
+    a = p.parse_args(argv)
+    a.ns = [int(n) for n in a.ns.split(",") if n]
+    a.algos = [x for x in a.algos.split(",") if x]
+    a.bmuf_seeds = a.seeds if a.bmuf_seeds is None else a.bmuf_seeds
+    a.threads = a.threads or max(1, (os.cpu_count() or 1) // a.streams)
+    bad = [x for x in a.algos if x not in bench.ALGORITHMS or bench.ALGORITHMS[x].single_worker]
+    if bad or a.streams < 1 or a.seeds < 1 or not a.ns or min(a.ns) < 2:
+        p.error(f"--algos: block methods ({bad or 'ok'}); --streams, --seeds >= 1; --ns >= 2")
+    os.makedirs(a.out, exist_ok=True)
+    log = lambda m: print(m, flush=True)                    # noqa: E731
+    data = a.data or data_set(os.path.join(a.out, f"data-{a.size}"), a.size, 0, log)
+    hold = (None if a.holdout == "none" else a.holdout
+            or data_set(os.path.join(a.out, f"holdout-{a.size}"), a.size, 7, log))
+    jobs = grid(a)
+    failed = []
+    if not a.report_only:
+        t0, done = time.time(), []
+
+        def one(job):
+            name, algo, n, sets = job
+            log(f"{time.strftime('%H:%M:%S')} {name}: start")
+            if not bench.run_one(a.out, name, data, algo, n, sets, False, log=log,
+                                 device=a.device):
+                failed.append(name)
+            done.append(name)
+            log(f"{time.strftime('%H:%M:%S')} {len(done)}/{len(jobs)} runs done, "
+                f"{(time.time() - t0) / 60:.1f} min")
+        log(f"{len(jobs)} runs, {a.streams} at a time, {a.threads} BLAS thread(s) each, "
+            f"{a.passes:g} passes, on the {a.device.upper()}")
+        with ThreadPoolExecutor(a.streams) as pool:
+            list(pool.map(one, jobs))
+    dirs = [os.path.join(a.out, j[0]) for j in jobs
+            if os.path.isfile(os.path.join(a.out, j[0], "summary.json"))
+            or os.path.isfile(os.path.join(a.out, j[0], "diverged.json"))]
+    if not dirs:
+        log("no finished runs to report")
+        return 1
+    text, _ = bench.report(dirs, os.path.join(a.out, "report"), holdout=hold)
+    log(text)
+    log(f"report: {os.path.join(a.out, 'report', 'report.md')}"
+        + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -70,6 +70,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="BLAS threads a run (default: cores / streams)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--target-pt", type=float, default=0.3,
+                   help="ibt's goal: within this many points of N = 1")
     p.add_argument("--report-only", action="store_true")
     a = p.parse_args(argv)
     a.ns = [int(n) for n in a.ns.split(",") if n]
@@ -108,7 +110,8 @@ def main(argv=None):
     if not dirs:
         log("no finished runs to report")
         return 1
-    text, _ = bench.report(dirs, os.path.join(a.out, "report"), holdout=hold)
+    text, _ = bench.report(dirs, os.path.join(a.out, "report"), target_pt=a.target_pt,
+                           holdout=hold)
     log(text)
     log(f"report: {os.path.join(a.out, 'report', 'report.md')}"
         + (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -312,7 +312,7 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     md += [f"machine: {m['processor']}, {m['cpus']} CPUs; {m['platform']}; Python "
            f"{m['python']}; MPI: {m['mpi']}; ibtmpi {m['ibtmpi']}, commit "
            f"{m['git_commit']}", ""]
-    md += _accuracy_table(t1, "T1: test accuracy vs N")
+    md += _accuracy_table(t1, "T1: test accuracy vs N") if t1 else []
     if t2:
         md += _accuracy_table(t2, f"T2: fixed block of {t2[0].get('block_size', '?')} "
                                   f"samples, split = block / N")
@@ -325,7 +325,7 @@ def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
     every = [r for r in t1 if not r["diverged"]]
     ok = _first_seed(every)
     base = next((r for r in ok if r["N"] == 1), None)
-    md += _time_table(ok, base)
+    md += _time_table(ok, base) if ok else []          # none: the fixed block's alone
     tta = _first_seed([r for r in runs if not r["diverged"]])
     md += tta_table(tta, next((r for r in tta if r["N"] == 1), None))
     md += _targets(ok, every, base, target_pt, holdout)

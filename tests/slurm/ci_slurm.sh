@@ -19,11 +19,14 @@ T=$(mktemp -d /tmp/ibtmpi-slurm.XXXXXX)
 chmod 755 "$T"
 export SLURM_CONF=$T/slurm.conf
 cleanup() {
+    rc=$?
     scontrol shutdown >/dev/null 2>&1 || true
     sleep 1
     pkill -f "slurmctld" >/dev/null 2>&1 || true
     pkill -f "slurmd" >/dev/null 2>&1 || true
     if [ "${STARTED_MUNGE:-0}" = 1 ]; then munge_stop; fi
+    # the cluster's state and job outputs: gone after a pass, kept to read after a failure
+    if [ "$rc" = 0 ]; then cd / && rm -rf "$T"; else say "logs and job outputs kept in $T"; fi
 }
 trap cleanup EXIT
 

@@ -104,10 +104,10 @@ def main(argv=None):
             f"{a.passes:g} passes, on the {a.device.upper()}")
         with ThreadPoolExecutor(a.streams) as pool:
             list(pool.map(one, jobs))
-    dirs = [os.path.join(a.out, j[0]) for j in jobs
-            if os.path.isfile(os.path.join(a.out, j[0], "summary.json"))
-            or os.path.isfile(os.path.join(a.out, j[0], "diverged.json"))]
-    if not dirs:
+    # every run directory there is: the report tables the finished ones and
+    # names the failed ones (failed.json), also from an earlier invocation
+    dirs = [d for d in (os.path.join(a.out, j[0]) for j in jobs) if os.path.isdir(d)]
+    if not any(bench.load_run(d) for d in dirs):
         log("no finished runs to report")
         return 1
     text, _ = bench.report(dirs, os.path.join(a.out, "report"), target_pt=a.target_pt,

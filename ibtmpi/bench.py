@@ -285,15 +285,19 @@ def paired_gap(base_dir, other_dir, data, split="test"):
     differences, so the images' common difficulty cancels)."""
     import math
     from .dataset import Dataset
-    from .outputs import load_trained
     sp = Dataset(data).split(split)
     x, y = sp.read_all(), sp.labels
-    a = load_trained(base_dir).probs(x).argmax(1) == y
-    b = load_trained(other_dir).probs(x).argmax(1) == y
-    d = a.astype(float) - b.astype(float)
+    a, b = _right(base_dir, x, y), _right(other_dir, x, y)
+    d = a - b
     se = d.std(ddof=1) / math.sqrt(len(y)) * 100 if len(y) > 1 else float("nan")
     return {"n": int(len(y)), "base_acc": float(a.mean()), "other_acc": float(b.mean()),
             "gap_pt": float(d.mean() * 100), "se_pt": float(se)}
+
+
+def _right(run_dir, x, y):
+    """1.0 where the run's trained model classifies an image right, else 0.0."""
+    from .outputs import load_trained
+    return (load_trained(run_dir).probs(x).argmax(1) == y).astype(float)
 
 
 def report(run_dirs, out_dir, target_pt=0.5, holdout=None):
@@ -371,14 +375,13 @@ def _holdout_table(t2, holdout, target_pt):
     per-seed gaps / sqrt k)."""
     import numpy as np
     from .dataset import Dataset
-    from .outputs import load_trained
     sp = Dataset(holdout).split("test")
     x, y = sp.read_all(), sp.labels
     right = {}
 
     def correct(r):
         if r["dir"] not in right:
-            right[r["dir"]] = (load_trained(r["dir"]).probs(x).argmax(1) == y).astype(float)
+            right[r["dir"]] = _right(r["dir"], x, y)
         return right[r["dir"]]
 
     seed = lambda r: tuple(r.get("seed") or (0, 0))             # noqa: E731

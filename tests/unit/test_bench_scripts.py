@@ -146,3 +146,10 @@ def test_paper_experiment_runs_its_grid_in_order_and_reports(small_dataset, tmp_
             cfg["optim"]["schedule"], cfg["run"]["simulate"]) == (80, 10, 1, "cosine", 4)
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert again.returncode == 0 and again.stdout.count("done earlier") == len(names)
+    # a run that failed (in an earlier invocation) is named in the report
+    os.remove(out / "t2-ibt-4-s1" / "summary.json")
+    (out / "t2-ibt-4-s1" / "failed.json").write_text('{"exit": 3}')
+    rep = subprocess.run(cmd + ["--report-only"], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    assert "## Failed runs" in rep.stdout and "- t2-ibt-4-s1: exit 3" in rep.stdout

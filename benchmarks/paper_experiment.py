@@ -18,6 +18,7 @@ command is kept, so a stopped experiment resumes.
 import argparse
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -82,7 +83,12 @@ def main(argv=None):
     if bad or a.streams < 1 or a.seeds < 1 or not a.ns or min(a.ns) < 2:
         p.error(f"--algos: block methods ({bad or 'ok'}); --streams, --seeds >= 1; --ns >= 2")
     os.makedirs(a.out, exist_ok=True)
-    log = lambda m: print(m, flush=True)                    # noqa: E731
+    lock = threading.Lock()
+
+    def log(m):                     # whole lines: runs log from several threads
+        with lock:
+            sys.stdout.write(f"{m}\n")
+            sys.stdout.flush()
     data = a.data or data_set(os.path.join(a.out, f"data-{a.size}"), a.size, 0, log)
     hold = (None if a.holdout == "none" else a.holdout
             or data_set(os.path.join(a.out, f"holdout-{a.size}"), a.size, 7, log))

@@ -380,6 +380,25 @@ class MasterReports:
             if "val_acc" in rec:
                 msg += f", val acc {rec['val_acc']:.4f}"
             self.log(msg)
+            self._chance_check(rec["pass"], loss)
+
+    def _chance_check(self, p, loss):
+        """Once a run, from its second pass on: a pass whose training loss is
+        not below ln(classes) (less 1%), the loss of a net that predicts
+        every class alike, has learned nothing so far (most often: dead
+        ReLUs from too large a step before the first consensus, or a step
+        too small to move); the run goes on, but says so rather than train
+        to the end at chance."""
+        chance = np.log(self.ds.n_classes)
+        if p < 1 or getattr(self, "_chance_said", False) or loss < 0.99 * chance:
+            return
+        self._chance_said = True
+        self.log(f"warning: pass {p + 1}'s training loss {loss:.4f} is no better than "
+                 f"that of a net that predicts each of the {self.ds.n_classes} classes "
+                 f"alike (ln {self.ds.n_classes} = {chance:.4f}): it has learned nothing "
+                 f"so far. Check optim.lr (now {self.cfg['optim']['lr']:g}): too large a "
+                 f"step can kill the ReLUs before the first consensus (optim.warmup_passes "
+                 f"= 1 guards against that), too small a one moves nothing. The run goes on")
 
     def _growth_text(self, p, key, i, first, now):
         what = "peak RSS" if key == "peak_rss_mib" else "CuPy pool"

@@ -226,3 +226,22 @@ def test_reset_state_decides_whether_the_inner_state_survives_a_sync(
     assert all(s[key].any() == kept for s in later)
     if name == "adamw":
         assert all((s["t"][0] > 0) == kept for s in later)
+
+
+@pytest.mark.parametrize("lr,warned", [(1.0, True), (1e-9, True), (0.05, False)])
+def test_a_run_stuck_at_chance_says_so_once(small_dataset, tmp_path, lr, warned):
+    """A run whose training loss is no better than ln(classes) from its
+    second pass on (lr 1: dead ReLUs, the loss at chance; lr 1e-9: nothing
+    moves from the initial loss, above chance) gets one warning and goes on;
+    a run that learns gets none."""
+    sets = [f"data.path={small_dataset}", "data.split_size=40", "model.layers=tiny",
+            f"run.dir={tmp_path}", "run.simulate=2", "run.passes=3", f"optim.lr={lr}"]
+    logs = []
+    t = Trainer(load(None, sets), log=logs.append)
+    t.run()
+    said = [m for m in logs if "has learned nothing" in m]
+    assert len(said) == int(warned), logs
+    assert len([h for h in t.history if h["block_in_pass"] == 0]) == 3    # it went on
+    if warned:
+        assert said[0].startswith("warning: pass 2's training loss ")
+        assert "(ln 5 = 1.6094)" in said[0] and f"optim.lr (now {lr:g})" in said[0]

@@ -283,13 +283,12 @@ def paired_gap(base_dir, other_dir, data, split="test"):
     """Accuracy of two trained runs on the same held-out images and the gap
     base - other in points with its paired standard error (per-image
     differences, so the images' common difficulty cancels)."""
-    import math
     from .dataset import Dataset
     sp = Dataset(data).split(split)
     x, y = sp.read_all(), sp.labels
     a, b = _right(base_dir, x, y), _right(other_dir, x, y)
     d = a - b
-    se = d.std(ddof=1) / math.sqrt(len(y)) * 100 if len(y) > 1 else float("nan")
+    se = d.std(ddof=1) / len(y) ** 0.5 * 100 if len(y) > 1 else float("nan")
     return {"n": int(len(y)), "base_acc": float(a.mean()), "other_acc": float(b.mean()),
             "gap_pt": float(d.mean() * 100), "se_pt": float(se)}
 

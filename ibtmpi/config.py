@@ -52,9 +52,14 @@ DEFAULTS = {
         "rho_tau": 2.0,
         "over_relaxation": 1.0,  # alpha in [1, 1.8] (admm, ibt)
         "dual_reset": False,     # zero the duals at every block
-        "block_momentum": 0.25,  # eta (bmuf, ibt); < 0 means CNTK's 1 - 1/N
-        "block_lr": 1.0,         # zeta (bmuf, ibt)
+        "outer": "auto",         # the outer optimizer on the consensus mean (consensus/
+                                 # outer.py): auto (the algorithm's own) | average | sgd
+        "block_momentum": 0.25,  # eta of the sgd outer optimizer (bmuf, ibt); < 0 means
+                                 # CNTK's 1 - 1/N
+        "block_lr": 1.0,         # zeta of the sgd outer optimizer (bmuf, ibt)
         "nesterov": True,        # NBM start point (bmuf); ibt is always Nesterov
+        "outer_schedule": "none",  # zeta x the local lr's schedule: none | warmup (its
+                                 # ramp only) | lr (lr_t / lr, the whole run)
         "easgd_beta": 0.9,       # EASGD: alpha = beta / N
         "warmup_steps": 0,       # ssgd steps (gradient Allreduce) before block 0
     },
@@ -279,7 +284,7 @@ def load(path=None, overrides=()):
 
 
 def validate(cfg):
-    from .consensus import ALGORITHMS       # the registries: the lists of names
+    from .consensus import ALGORITHMS, OUTER, OUTER_SCHEDULES  # the registries
     from .optim import OPTIMIZERS
     d, a, o, r = cfg["data"], cfg["algorithm"], cfg["optim"], cfg["run"]
     checks = [
@@ -301,6 +306,15 @@ def validate(cfg):
         (a["rho_mu"] > 1 and a["rho_tau"] > 1, "algorithm.rho_mu and rho_tau must be > 1"),
         (a["block_momentum"] < 1, "algorithm.block_momentum must be < 1 (or < 0 for 1 - 1/N)"),
         (a["block_lr"] > 0, "algorithm.block_lr must be > 0"),
+        (a["outer"] == "auto" or a["outer"] in OUTER,
+         f"algorithm.outer must be auto or one of {', '.join(OUTER)}, got {a['outer']!r}"
+         + _suggest(a["outer"], list(OUTER))),
+        (a["outer"] == "auto"
+         or getattr(ALGORITHMS.get(a["name"]), "default_outer", None) is not None,
+         f"algorithm.outer: {a['name']} moves z itself; leave it at auto"),
+        (a["outer_schedule"] in OUTER_SCHEDULES,
+         f"algorithm.outer_schedule must be one of {', '.join(OUTER_SCHEDULES)}, "
+         f"got {a['outer_schedule']!r}"),
         (0 < a["easgd_beta"] <= 1, "algorithm.easgd_beta must be in (0, 1]"),
         (a["warmup_steps"] >= 0, "algorithm.warmup_steps must be >= 0"),
         (o["lr"] > 0, f"optim.lr must be > 0, got {o['lr']}"),
@@ -380,8 +394,9 @@ def digest(cfg):
 # -- what a checkpoint must match -------------------------------------------------
 LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
            "warmup_passes")
-ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state")}  # left out of
-                                                            # the digest at their defaults
+ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state"),
+              "algorithm": ("outer", "outer_schedule")}   # left out of the digest
+                                                          # at their defaults
 
 
 # Keys a resume may change (after a divergence, or to tune a long run): they
@@ -392,7 +407,8 @@ RESUME_TUNABLE = {
     "optim": ("lr", "momentum", "weight_decay", "nesterov", "reset_momentum", "betas",
               "eps", "reset_state") + LR_KEYS,
     "algorithm": ("rho", "l2", "adaptive_rho", "rho_mu", "rho_tau", "over_relaxation",
-                  "dual_reset", "block_momentum", "block_lr", "nesterov", "easgd_beta"),
+                  "dual_reset", "block_momentum", "block_lr", "nesterov", "easgd_beta",
+                  "outer_schedule"),
 }
 
 

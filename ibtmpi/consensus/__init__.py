@@ -11,11 +11,14 @@ protocol and the registry; vector.py: the shared vector math):
   easgd  S = sum (w_i - z); z += alpha*S; w_i -= alpha*(w_i - z_old)
   ssgd   no consensus: a gradient Allreduce per minibatch (the trainer's steps)
 
-A new algorithm is one module here with a class decorated by ``@register``
-and one import line below.
+Every block algorithm but easgd is a local objective (plain, or the ADMM
+prox with duals) composed with an outer optimizer (outer.py: ``average``,
+``sgd``), which ``algorithm.outer`` may swap. A new algorithm is one module
+here with a class decorated by ``@register`` and one import line below.
 Tests: tests/unit/test_consensus.py, tests/mpi/test_trainer_mpi.py.
 """
 from .base import ALGORITHMS, Algorithm, BlockAlgorithm, WorkerState, register
+from .outer import OUTER, OUTER_SCHEDULES, OuterOptimizer, register_outer
 from .vector import block_momentum, dual_update, residual_dots
 from . import sgd, ssgd, average, admm, bmuf, ibt, easgd  # noqa: F401  (registration)
 
@@ -37,6 +40,6 @@ def Consensus(algo, z0, n_workers, acfg, to_host=None, threads=1):
     return cls(z0, n_workers, acfg, to_host=to_host, threads=threads)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "BlockAlgorithm", "WorkerState", "register",
+__all__ = ["OUTER", "OUTER_SCHEDULES", "OuterOptimizer", "register_outer", "ALGORITHMS", "Algorithm", "BlockAlgorithm", "WorkerState", "register",
            "block_momentum", "dual_update", "residual_dots", "BLOCK_ALGOS", "get",
            "Consensus"]

@@ -5,8 +5,10 @@
   dual    u_i += w^_i - z
 (w^ = a*w + (1-a)*centre: over-relaxation; a = 1 by default.) sum_i u_i is
 tracked on every rank as U = S - N*z (no extra collective), which gives
-the primal residual. ``Prox`` below is the dual algorithms' shared worker
-side (ibt uses it too).
+the primal residual. ``ProxAlgorithm`` below is the dual algorithms'
+shared local objective: admm composes it with the ``average`` outer
+optimizer (outer.py), ibt with ``sgd``; the prox centre is the outer
+optimizer's start point (z for ``average``).
 Tests: tests/unit/test_consensus.py (convergence to the centralised optimum
 of a convex problem), tests/mpi/test_trainer_mpi.py.
 """
@@ -31,7 +33,7 @@ class ProxAlgorithm(BlockAlgorithm):
         self.alpha_or = float(a["over_relaxation"])
 
     def centre(self):
-        return self.z
+        return self.start_point()
 
     def worker_begin(self, ws, w):
         if self.dual_reset:
@@ -80,6 +82,7 @@ class ADMM(ProxAlgorithm):
     name = "admm"
     summary = "global-consensus ADMM: z = avg(w_i + u_i) (with l2: shrunk); u_i += w_i - z"
     vectors = ("z", "U")
+    default_outer = "average"
 
     def setup(self, z0, a):
         super().setup(z0, a)
@@ -89,6 +92,6 @@ class ADMM(ProxAlgorithm):
         sum_w = self._sum_w(S, sl)
         n = self.n
         scale = n * self.rho / (self.l2 + n * self.rho)
-        np.multiply(S, self.dtype.type(scale / n), out=self.z[sl])
+        self.outer.step(S, scale / n, sl)         # the mean: z's minimiser
         self._track_duals(S, sl)
         return sum_w

@@ -1,10 +1,8 @@
-"""Model averaging (``ma``): z = S/N, S = sum_i w_i.
-
+"""Model averaging (``ma``): the plain local objective, S = sum_i w_i,
+composed with the ``average`` outer optimizer (outer.py): z = S/N.
 Tests: tests/unit/test_consensus.py, tests/unit/test_trainer.py.
 """
 from __future__ import annotations
-
-import numpy as np
 
 from .base import BlockAlgorithm, register
 
@@ -13,7 +11,8 @@ from .base import BlockAlgorithm, register
 class ModelAverage(BlockAlgorithm):
     name = "ma"
     summary = "model averaging: z = avg(w_i)"
+    default_outer = "average"
 
     def _step(self, S, sl):
-        np.multiply(S, self.dtype.type(1.0 / self.n), out=self.z[sl])
+        self.outer.step(S, 1.0 / self.n, sl)
         return S

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from .outer import get_outer
 from .vector import _chunks, _dots_whole, _in_order, residual_dots
 
 ALGORITHMS = {}          # name -> class, in registration order
@@ -79,6 +80,9 @@ class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
     acfg: the [algorithm] section (missing keys take config.DEFAULTS)."""
 
     uses_rho = False          # the prox penalty rho (and adaptive rho) applies
+    default_outer = None      # its outer optimizer (outer.py) at algorithm.outer = auto;
+                              # None: the algorithm moves z itself (easgd)
+    outer_args = {}           # fixed settings of that outer optimizer (ibt: Nesterov)
 
     def __init__(self, z0, n_workers, acfg, to_host=None, threads=1):
         from ..config import DEFAULTS
@@ -97,14 +101,41 @@ class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
         self._h = to_host
         self.threads = max(1, int(threads))   # host arrays: chunks updated at once
         self._pool = None
+        self.outer = self._new_outer(a)
         self.setup(z0, a)
+
+    def _new_outer(self, a):
+        """The outer optimizer that moves z (algorithm.outer; auto: ours)."""
+        name = a.get("outer", "auto")
+        if name == "auto":
+            name = self.default_outer
+        elif self.default_outer is None:
+            raise ValueError(f"algorithm {self.name!r} moves z itself: "
+                             f"algorithm.outer must be auto, got {name!r}")
+        if name is None:
+            return None
+        args = self.outer_args if name == self.default_outer else {}
+        return get_outer(name)(self.z, self.n, a, **args)
+
+    def describe_outer(self, schedule="none"):
+        """One log line on an outer step other than plain averaging, or None."""
+        if self.outer is None or self.outer.name == "average":
+            return None
+        return (f"outer step: {self.outer.describe()}"
+                + ({"warmup": ", block_lr ramped with the lr's warm-up",
+                    "lr": ", block_lr x lr_t / lr"}.get(schedule, "")))
+
+    def set_outer_scale(self, scale):
+        """zeta's factor for the next update (algorithm.outer_schedule)."""
+        if self.outer is not None:
+            self.outer.scale = float(scale)
 
     def setup(self, z0, a):
         """The algorithm's own settings and buffers."""
 
     # -- what workers start from ------------------------------------------
     def start_point(self):
-        return self.z
+        return self.z if self.outer is None else self.outer.start_point()
 
     def centre(self):
         """Prox centre; None: no prox term."""
@@ -216,23 +247,30 @@ class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
         return list(self._pool.map(f, items))
 
     # -- state -----------------------------------------------------------------
-    vectors = ("z",)          # the P-vectors of the consensus state
+    vectors = ("z",)          # the P-vectors of the consensus state (the outer
+                              # optimizer's follow z: state_vectors)
     worker_vectors = ()       # the P-vectors of one worker's state
+
+    def state_vectors(self):
+        """[(name, array)]: z, the outer optimizer's vectors, then ours."""
+        own = [(k, getattr(self, k)) for k in self.vectors]
+        out = [(k, getattr(self.outer, k)) for k in self.outer.vectors] if self.outer else []
+        return own[:1] + out + own[1:]
 
     def state_spec(self):
         """{name: (shape, dtype)} of the state every rank holds alike."""
         p, f = self.z.shape, self.dtype
-        return {**{k: (p, f) for k in self.vectors},
+        return {**{k: (p, f) for k, _ in self.state_vectors()},
                 "rho": ((), np.float64), "cons_blocks": ((), np.int64)}
 
     def state(self):
-        return {**{k: getattr(self, k) for k in self.vectors},
+        return {**dict(self.state_vectors()),
                 "rho": np.float64(self.rho), "cons_blocks": np.int64(self.blocks)}
 
     def load(self, st, put):
         """put(dst, src): copy a host array into one of ours (host or device)."""
-        for k in self.vectors:
-            put(getattr(self, k), st[k])
+        for k, arr in self.state_vectors():
+            put(arr, st[k])
         self.rho, self.blocks = float(st["rho"]), int(st["cons_blocks"])
 
     def worker_spec(self):

@@ -44,6 +44,14 @@ class LrSchedule:
             return self.lr - (self.lr - self.final) * 0.5 * (1.0 - math.cos(math.pi * t))
         return self.lr
 
+    def factor(self, k, which):
+        """lr_t / lr at block k, for the outer step (algorithm.outer_schedule):
+        ``none`` 1, ``warmup`` the warm-up ramp only, ``lr`` the whole
+        schedule."""
+        if which == "none" or (which == "warmup" and k >= self.warm):
+            return 1.0
+        return self(k) / self.lr
+
     def describe(self):
         """One line for the log (None for a constant rate without warm-up)."""
         if self.kind == "constant" and not self.warm:

@@ -232,6 +232,10 @@ class MasterReports:
             self.log(f"model.init: {self.init_note}")
         if self.lr_at.describe():
             self.log(self.lr_at.describe())
+        outer = (self.cons.describe_outer(self.cfg["algorithm"]["outer_schedule"])
+                 if self.cons is not None else None)
+        if outer:
+            self.log(outer)
         self.log(placement_text(self.placement))
         if self.device_state:       # a master of its own on its GPU
             self.log(f"the master keeps z and the consensus state on its GPU and updates "

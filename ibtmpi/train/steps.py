@@ -139,6 +139,7 @@ class BlockSteps:
                      cpu_s=round(time.process_time() - c3, 6))
         self._check_flags(k)
         self._agree_buffers()
+        self.cons.set_outer_scale(self.lr_at.factor(k, self.cfg["algorithm"]["outer_schedule"]))
         diag = self.cons.update(S, pk.stat("q"))
         for i in self.local:
             self.cons.worker_end(self.states[i], None)

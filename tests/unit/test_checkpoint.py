@@ -158,8 +158,9 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
                 "master_device", "gpu_math", "cuda_graphs"):
         old["run"].pop(key)
     old["model"].pop("init")          # nor model.init
-    for key in ADDED_KEYS["optim"]:   # nor the learning-rate schedule, optim.name
-        old["optim"].pop(key)
+    for sec, keys in ADDED_KEYS.items():   # nor the learning-rate schedule, optim.name,
+        for key in keys:                     # algorithm.outer and outer_schedule
+            old[sec].pop(key)
     for k in ckpt.complete(str(tmp_path / "r")):
         p = os.path.join(ckpt.ckpt_dir(str(tmp_path / "r"), k), "manifest.json")
         m = json.load(open(p))

@@ -73,9 +73,9 @@ def test_model_averaging_and_bmuf_algebra():
     b = Consensus("bmuf", z0, 2, {"block_momentum": 0.5, "nesterov": True})
     b.update(w[0] + w[1], 0.0)
     np.testing.assert_allclose(b.z, [2, 2, 2])
-    np.testing.assert_allclose(b.zg, [3, 3, 3])
+    np.testing.assert_allclose(b.outer.zg, [3, 3, 3])
     b.update(2 * np.array([3.0, 3, 3]), 0.0)   # workers did not move: G = 0
-    np.testing.assert_allclose(b.v, [1, 1, 1])      # 0.5 * 2
+    np.testing.assert_allclose(b.outer.v, [1, 1, 1])      # 0.5 * 2
     np.testing.assert_allclose(b.z, [4, 4, 4])
 
 

@@ -1,0 +1,146 @@
+"""The outer optimizers (ibtmpi/consensus/outer.py): the algorithms as
+compositions of a local objective and an outer step, the outer state
+through a checkpoint, and the outer step's schedule."""
+import json
+
+import numpy as np
+import pytest
+
+from ibtmpi import checkpoint as ckpt
+from ibtmpi.config import ConfigError, load
+from ibtmpi.consensus import OUTER, Consensus
+from ibtmpi.optim import LrSchedule
+from ibtmpi.train import InjectedFault, Trainer
+
+
+def _drive(algo, acfg, blocks=6, n=3, p=1000, seed=0):
+    """z after `blocks` updates of fake workers that step towards their
+    own targets from the start point (prox and duals included)."""
+    rng = np.random.default_rng(seed)
+    c = Consensus(algo, rng.standard_normal(p).astype(np.float32), n, acfg)
+    targets = rng.standard_normal((n, p)).astype(np.float32)
+    states = [c.new_worker(p, np.float32) for _ in range(n)]
+    zs = []
+    for _ in range(blocks):
+        S = np.zeros(p, np.float32)
+        out = np.empty(p, np.float32)
+        q = 0.0
+        for i, ws in enumerate(states):
+            w = np.empty(p, np.float32)
+            c.worker_begin(ws, w)
+            w += np.float32(0.3) * (targets[i] - w)
+            q += c.contribution(ws, w, out)
+            S += out
+        c.update(S, q)
+        for ws in states:
+            c.worker_end(ws, None)
+        zs.append(c.z.copy())
+    return c, zs
+
+
+def test_the_algorithms_are_compositions_bit_for_bit():
+    """bmuf is ma with the sgd outer optimizer, ibt is admm with it (Nesterov)."""
+    a = {"block_momentum": 0.6, "block_lr": 1.3}
+    _, bmuf = _drive("bmuf", a)
+    _, ma_sgd = _drive("ma", {**a, "outer": "sgd"})
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(bmuf, ma_sgd))
+    _, ibt = _drive("ibt", a)
+    _, admm_sgd = _drive("admm", {**a, "outer": "sgd", "nesterov": True})
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(ibt, admm_sgd))
+    # and the average outer step makes bmuf plain averaging
+    _, ma = _drive("ma", {})
+    _, bmuf_avg = _drive("bmuf", {"outer": "average"})
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(ma, bmuf_avg))
+    assert ibt[-1].tobytes() != _drive("admm", {})[1][-1].tobytes()
+
+
+def test_outer_sgd_is_sgd_on_the_pseudo_gradient():
+    """v = eta*v + zeta*(mean - z_s); z = z_s + v; z_s = z + eta*v: checked
+    against a float64 loop for 4 blocks, with CNTK's eta = 1 - 1/N."""
+    n, p = 4, 50
+    c, zs = _drive("bmuf", {"block_momentum": -1.0, "block_lr": 0.7, "nesterov": True},
+                   blocks=4, n=n, p=p, seed=3)
+    assert c.outer.eta == pytest.approx(0.75)
+    assert c.outer.gain() == pytest.approx(0.7 * 1.75 / 0.25)
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal(p).astype(np.float32).astype(np.float64)
+    targets = rng.standard_normal((n, p)).astype(np.float32).astype(np.float64)
+    zs_, v = z.copy(), np.zeros(p)
+    for k in range(4):
+        mean = np.mean([zs_ + 0.3 * (t - zs_) for t in targets], axis=0)
+        v = 0.75 * v + 0.7 * (mean - zs_)
+        z = zs_ + v
+        zs_ = z + 0.75 * v
+        np.testing.assert_allclose(zs[k], z, rtol=1e-4, atol=1e-5)
+
+
+def test_outer_state_is_the_checkpointed_state():
+    c, _ = _drive("admm", {"outer": "sgd", "block_momentum": 0.5})
+    st = c.state()
+    assert list(c.state_spec()) == ["z", "zg", "v", "U", "rho", "cons_blocks"]
+    assert st["zg"] is c.outer.zg and st["v"] is c.outer.v
+    fresh = Consensus("admm", np.zeros(1000, np.float32), 3,
+                      {"outer": "sgd", "block_momentum": 0.5})
+    fresh.load({k: np.array(v) for k, v in st.items()}, np.copyto)
+    assert fresh.outer.zg.tobytes() == c.outer.zg.tobytes()
+    assert fresh.outer.v.tobytes() == c.outer.v.tobytes() and fresh.blocks == c.blocks
+    assert list(Consensus("ma", np.zeros(4, np.float32), 2, {}).state_spec())[:1] == ["z"]
+
+
+def _cfg(data, run_dir, **extra):
+    sets = [f"data.path={data}", "algorithm.name=admm", "algorithm.outer=sgd",
+            "algorithm.block_momentum=0.5", "algorithm.outer_schedule=lr",
+            "optim.schedule=cosine", "optim.warmup_passes=0.5", "data.split_size=40",
+            "data.batch=16", "model.layers=tiny", "run.passes=2", "run.quiet=true",
+            f"run.dir={run_dir}", "run.simulate=3", "run.threads=1",
+            "run.checkpoint_every=2"]
+    return load(None, sets + [f"{k}={v}" for k, v in extra.items()])
+
+
+def test_a_new_composition_resumes_bit_for_bit(small_dataset, tmp_path, monkeypatch):
+    """admm with the sgd outer optimizer and a scheduled outer step: a run
+    stopped in block 5 resumes from its checkpoint (z, z_g, v, U) to the
+    uninterrupted run's z, bit for bit."""
+    ref = Trainer(_cfg(small_dataset, tmp_path / "a"), log=lambda m: None)
+    ref.run()
+    monkeypatch.setenv("IBTMPI_FAULT", "0:5:compute")
+    with pytest.raises(InjectedFault):
+        Trainer(_cfg(small_dataset, tmp_path / "b"), log=lambda m: None).run()
+    monkeypatch.delenv("IBTMPI_FAULT")
+    k = ckpt.complete(str(tmp_path / "b"))[-1]
+    saved = ckpt.read_rank(f"{ckpt.ckpt_dir(str(tmp_path / 'b'), k)}/{ckpt.rank_file(0)}",
+                           ref.cons.state_spec())
+    assert saved["v"].any() and saved["zg"].tobytes() != saved["z"].tobytes()
+    logs = []
+    t = Trainer(_cfg(small_dataset, tmp_path / "b"), log=logs.append)
+    t.run()
+    assert any("resuming from" in m for m in logs)
+    assert t.z.tobytes() == ref.z.tobytes()
+    # the outer step followed the schedule: not the run without it
+    other = Trainer(_cfg(small_dataset, tmp_path / "c", **{"algorithm.outer_schedule": "none"}),
+                    log=lambda m: None)
+    other.run()
+    assert other.z.tobytes() != ref.z.tobytes()
+    lines = [json.loads(l) for l in open(tmp_path / "b" / "metrics.jsonl")]
+    assert [l["block"] for l in lines] == list(range(ref.total_blocks))
+
+
+def test_outer_schedule_factor():
+    s = LrSchedule({"lr": 0.1, "schedule": "cosine", "warmup_passes": 1.0, "gamma": 0.1,
+                    "milestones": [], "decay_passes": 0.0, "final_ratio": 0.0}, 4, 3)
+    assert [s.factor(k, "none") for k in range(12)] == [1.0] * 12
+    assert [s.factor(k, "warmup") for k in range(6)] == pytest.approx([.25, .5, .75, 1, 1, 1])
+    assert s.factor(3, "lr") == pytest.approx(1.0)
+    assert s.factor(8, "lr") == pytest.approx(0.5 * (1 + np.cos(np.pi * 4 / 8)))
+
+
+def test_outer_settings_are_checked(small_dataset):
+    base = [f"data.path={small_dataset}"]
+    assert load(None, base + ["algorithm.outer=sgd"])["algorithm"]["outer"] == "sgd"
+    with pytest.raises(ConfigError, match="did you mean 'sgd'"):
+        load(None, base + ["algorithm.outer=sgdd"])
+    with pytest.raises(ConfigError, match="easgd moves z itself"):
+        load(None, base + ["algorithm.name=easgd", "algorithm.outer=average"])
+    with pytest.raises(ConfigError, match="outer_schedule must be one of none, warmup, lr"):
+        load(None, base + ["algorithm.outer_schedule=cosine"])
+    assert set(OUTER) >= {"average", "sgd"}

@@ -14,8 +14,17 @@ command is kept, so a stopped experiment resumes.
 
   python benchmarks/paper_experiment.py --out runs/paper --size 32            # CPU
   python benchmarks/paper_experiment.py --out runs/paper --size 64 --device gpu --streams 4
+
+The recipe study: each --recipe "NAME=ALGO KEY=VALUE ..." is run at every N
+and seed next to the N = 1 run of its seed; a value in braces is computed
+for the run's N and passes P (e.g. optim.lr={0.02*sqrt(N)}); the table
+gives each recipe's test accuracy and held-out gap to N = 1 (paired SE):
+
+  python benchmarks/paper_experiment.py --out runs/screen --size 32 --passes 5 \
+      --seeds 1 --ns 40 --recipe "b8=ibt data.batch=8 optim.warmup_passes={P/20}"
 """
 import argparse
+import math
 import os
 import sys
 import threading
@@ -40,6 +49,95 @@ def grid(a):
         jobs += [(f"t2-{x}-{n}" + (f"-s{sd}" if sd else ""), x, n, common + seed)
                  for x, n in cells]
     return jobs
+
+
+def recipe(text):
+    """'NAME=ALGO KEY=VALUE ...' -> (name, algo, [KEY=VALUE template, ...])."""
+    head, *sets = text.split()
+    name, _, algo = head.partition("=")
+    if not name or not algo or any("=" not in x for x in sets):
+        raise argparse.ArgumentTypeError(f"{text!r}: want NAME=ALGO KEY=VALUE ...")
+    return name, algo, sets
+
+
+def resolve(sets, n, passes):
+    """The recipe's settings at N = n: {expr} -> its value (N, P, sqrt, log2)."""
+    env = {"N": n, "P": passes, "sqrt": math.sqrt, "log2": math.log2,
+           "min": min, "max": max, "__builtins__": {}}
+
+    def value(m):
+        v = eval(m.group(1), env)                     # the user's own command line
+        return f"{v:.6g}" if isinstance(v, float) else str(v)
+    import re
+    return [re.sub(r"\{([^}]*)\}", value, s) for s in sets]
+
+
+def recipe_grid(a):
+    """(name, algorithm, N, --set list): per seed the N = 1 run, then every
+    recipe at every N."""
+    common = [f"run.passes={a.passes:g}", f"data.batch={a.batch}",
+              f"data.block_size={a.block}", f"optim.schedule={a.schedule}",
+              f"run.threads={a.threads}", *a.set]
+    jobs = []
+    for sd in range(a.seeds):
+        seed = [f"model.seed={sd}", f"data.seed={sd}"] if sd else []
+        tail = f"-s{sd}" if sd else ""
+        jobs.append((f"base-sgd-1{tail}", "sgd", 1, common + seed))
+        jobs += [(f"{name}-{algo}-{n}{tail}", algo, n,
+                  common + resolve(sets, n, a.passes) + seed)
+                 for n in a.ns for name, algo, sets in a.recipe]
+    return jobs
+
+
+def recipe_table(a, jobs, hold):
+    """Markdown: per recipe and N, the test accuracy (mean over seeds) and
+    the held-out gap to the N = 1 run of the same seed +- its paired SE
+    (as bench report's), with the runs that diverged or failed."""
+    import numpy as np
+    from ibtmpi.dataset import Dataset
+    sp = Dataset(hold).split("test")
+    x, y = sp.read_all(), sp.labels
+    right = {}
+
+    def correct(d):
+        if d not in right:
+            right[d] = bench._right(d, x, y)
+        return right[d]
+    done = lambda d: os.path.isfile(os.path.join(d, "summary.json"))   # noqa: E731
+    md = [f"| recipe | algorithm | " + " | ".join(f"N={n}" for n in a.ns) + " |",
+          "|---|---|" + "---|" * len(a.ns)]
+    bases = {sd: os.path.join(a.out, f"base-sgd-1" + (f"-s{sd}" if sd else ""))
+             for sd in range(a.seeds)}
+    b = [correct(d).mean() for d in bases.values() if done(d)]
+    md.insert(0, f"N = 1 (sgd): held-out accuracy {np.mean(b):.4f} (n={len(b)})\n"
+              if b else "N = 1 (sgd): not finished\n")
+    for name, algo, _ in a.recipe:
+        cells = []
+        for n in a.ns:
+            dirs = {sd: os.path.join(a.out, f"{name}-{algo}-{n}" + (f"-s{sd}" if sd else ""))
+                    for sd in range(a.seeds)}
+            ok = [sd for sd, d in dirs.items() if done(d) and done(bases[sd])]
+            bad = sum(os.path.isfile(os.path.join(d, f)) for d in dirs.values()
+                      for f in ("diverged.json", "failed.json"))
+            if not ok:
+                cells.append("diverged" if bad else "-")
+                continue
+            dd = np.stack([correct(bases[sd]) - correct(dirs[sd]) for sd in ok])
+            gaps = dd.mean(1) * 100
+            se = 100 * dd.mean(0).std(ddof=1) / np.sqrt(dd.shape[1])
+            if len(ok) > 1:
+                se = float(np.hypot(se, gaps.std(ddof=1) / np.sqrt(len(ok))))
+            acc = np.mean([json_acc(dirs[sd]) for sd in ok])
+            cells.append(f"{acc:.4f}, {gaps.mean():+.2f} +- {se:.2f} pt"
+                         + (f" (n={len(ok)})" if len(ok) > 1 else "")
+                         + (f", {bad} diverged" if bad else ""))
+        md.append(f"| {name} | {algo} | " + " | ".join(cells) + " |")
+    return "\n".join(md)
+
+
+def json_acc(d):
+    import json
+    return json.load(open(os.path.join(d, "summary.json")))["test_acc"]
 
 
 def data_set(path, size, seed, log):
@@ -74,12 +172,17 @@ def main(argv=None):
     p.add_argument("--target-pt", type=float, default=0.3,
                    help="ibt's goal: within this many points of N = 1")
     p.add_argument("--report-only", action="store_true")
+    p.add_argument("--recipe", action="append", type=recipe, default=[],
+                   metavar="'NAME=ALGO KEY=VALUE ...'",
+                   help="the recipe study: these recipes at every N and seed, "
+                        "each against N = 1 (--algos is then unused)")
     a = p.parse_args(argv)
     a.ns = [int(n) for n in a.ns.split(",") if n]
     a.algos = [x for x in a.algos.split(",") if x]
     a.bmuf_seeds = a.seeds if a.bmuf_seeds is None else a.bmuf_seeds
     a.threads = a.threads or max(1, (os.cpu_count() or 1) // a.streams)
-    bad = [x for x in a.algos if x not in bench.ALGORITHMS or bench.ALGORITHMS[x].single_worker]
+    bad = [x for x in a.algos + [r[1] for r in a.recipe]
+           if x not in bench.ALGORITHMS or bench.ALGORITHMS[x].single_worker]
     if bad or a.streams < 1 or a.seeds < 1 or not a.ns or min(a.ns) < 2:
         p.error(f"--algos: block methods ({bad or 'ok'}); --streams, --seeds >= 1; --ns >= 2")
     os.makedirs(a.out, exist_ok=True)
@@ -92,7 +195,7 @@ def main(argv=None):
     data = a.data or data_set(os.path.join(a.out, f"data-{a.size}"), a.size, 0, log)
     hold = (None if a.holdout == "none" else a.holdout
             or data_set(os.path.join(a.out, f"holdout-{a.size}"), a.size, 7, log))
-    jobs = grid(a)
+    jobs = recipe_grid(a) if a.recipe else grid(a)
     failed = []
     if not a.report_only:
         t0, done = time.time(), []
@@ -110,6 +213,16 @@ def main(argv=None):
             f"{a.passes:g} passes, on the {a.device.upper()}")
         with ThreadPoolExecutor(a.streams) as pool:
             list(pool.map(one, jobs))
+    if a.recipe:
+        if not hold:
+            log("the recipe table needs a held-out set")
+            return 1
+        text = recipe_table(a, jobs, hold)
+        os.makedirs(os.path.join(a.out, "report"), exist_ok=True)
+        with open(os.path.join(a.out, "report", "recipes.md"), "w") as f:
+            f.write(text + "\n")
+        log(text)
+        return 1 if failed else 0
     # every run directory there is: the report tables the finished ones and
     # names the failed ones (failed.json), also from an earlier invocation
     dirs = [d for d in (os.path.join(a.out, j[0]) for j in jobs) if os.path.isdir(d)]

@@ -153,3 +153,36 @@ def test_paper_experiment_runs_its_grid_in_order_and_reports(small_dataset, tmp_
                          timeout=600, cwd=ROOT)
     assert rep.returncode == 0, rep.stderr[-2000:]
     assert "## Failed runs" in rep.stdout and "- t2-ibt-4-s1: exit 3" in rep.stdout
+
+
+def test_paper_experiment_recipe_study(small_dataset, tmp_path):
+    """--recipe: every recipe at every N next to the N = 1 run of its seed,
+    a value in braces computed for the run's N and passes, and the table of
+    test accuracy and held-out gap per recipe and N."""
+    from ibtmpi.data_prep.prep import prep_synth
+    hold = str(tmp_path / "hold")
+    prep_synth(hold, n=300, size=16, seed=11, shards=1, quiet=True)
+    out = tmp_path / "study"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "paper_experiment.py"),
+           "--out", str(out), "--data", small_dataset, "--holdout", hold, "--ns", "2,4",
+           "--seeds", "1", "--passes", "1", "--block", "80", "--batch", "10",
+           "--streams", "2", "--threads", "1", "--set", "model.layers=tiny",
+           "--recipe", "plain=ma",
+           "--recipe", "gain=ibt algorithm.block_momentum={1-1/N} optim.lr={0.01*sqrt(N)}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    names = ["base-sgd-1", "plain-ma-2", "gain-ibt-2", "plain-ma-4", "gain-ibt-4"]
+    assert sorted(os.listdir(out)) == sorted(names + ["report"])
+    from ibtmpi.config import tomllib
+    with open(out / "gain-ibt-4" / "config.toml", "rb") as f:
+        cfg = tomllib.load(f)
+    assert cfg["algorithm"]["block_momentum"] == 0.75 and cfg["optim"]["lr"] == 0.02
+    assert cfg["run"]["simulate"] == 4 and cfg["data"]["batch"] == 10
+    md = (out / "report" / "recipes.md").read_text()
+    assert md.startswith("N = 1 (sgd): held-out accuracy 0.")
+    rows = {l.split("|")[1].strip(): l for l in md.splitlines() if l.startswith("| ")}
+    assert set(rows) == {"recipe", "plain", "gain"}
+    assert rows["gain"].count(" pt") == 2 and "| ibt |" in rows["gain"]
+    bad = subprocess.run(cmd[:-4] + ["--recipe", "noalgo"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "NAME=ALGO" in bad.stderr

@@ -59,6 +59,7 @@ class Algorithm:
     single_worker = False     # the N = 1 baseline only (sgd)
     per_step = False          # ssgd: a gradient Allreduce every minibatch, no consensus
     dual = False              # a scaled dual u_i per worker (admm, ibt)
+    uses_rho = False          # the prox penalty rho (and adaptive rho) applies
 
     @classmethod
     def check_workers(cls, n, how):
@@ -79,7 +80,6 @@ class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
     compute identically, so those dot products always run on the host.
     acfg: the [algorithm] section (missing keys take config.DEFAULTS)."""
 
-    uses_rho = False          # the prox penalty rho (and adaptive rho) applies
     default_outer = None      # its outer optimizer (outer.py) at algorithm.outer = auto;
                               # None: the algorithm moves z itself (easgd)
     outer_args = {}           # fixed settings of that outer optimizer (ibt: Nesterov)

@@ -245,3 +245,14 @@ def test_a_run_stuck_at_chance_says_so_once(small_dataset, tmp_path, lr, warned)
     if warned:
         assert said[0].startswith("warning: pass 2's training loss ")
         assert "(ln 5 = 1.6094)" in said[0] and f"optim.lr (now {lr:g})" in said[0]
+
+
+def test_ssgd_divergence_is_reported_not_a_crash(small_dataset, tmp_path):
+    """ssgd has no rho: its divergence message advises a lower lr alone
+    (it raised AttributeError on uses_rho before)."""
+    from ibtmpi.train.lifecycle import Diverged
+    c = load(None, [f"data.path={small_dataset}", "algorithm.name=ssgd", "optim.lr=1e6",
+                    "model.layers=tiny", "run.simulate=2", "run.quiet=true",
+                    f"run.dir={tmp_path / 'r'}", "run.threads=1", "data.split_size=40"])
+    with pytest.raises(Diverged, match=r"Lower optim.lr \(now 1e\+06\): a resume"):
+        Trainer(c, log=lambda m: None).run()

@@ -72,6 +72,7 @@ DEFAULTS = {
         "reset_momentum": True,  # sgd: zero the local momentum after every sync
         "betas": [0.9, 0.999],   # adam, adamw: the moments' decay rates
         "eps": 1e-8,             # adam, adamw: added to the denominator
+        "clip_norm": 0.0,        # clip each step's loss gradient to this L2 norm; 0: off
         "reset_state": "auto",   # zero the optimizer state after every sync:
                                  # auto (sgd: reset_momentum; adam/adamw: false) | true | false
         "schedule": "constant",  # constant | step | cosine: lr per block (ssgd: per step)
@@ -260,8 +261,16 @@ def parse_override(text):
     return section, key, value
 
 
+class Config(dict):
+    """The resolved configuration: {section: {key: value}}. ``explicit``:
+    the "section.key" names a config file or --set gave, which a recipe
+    (algorithm.recipe, ibtmpi/recipe.py) never overrides."""
+    explicit = frozenset()
+
+
 def load(path=None, overrides=()):
-    cfg = copy.deepcopy(DEFAULTS)
+    cfg = Config(copy.deepcopy(DEFAULTS))
+    given = set()
     if path:
         try:
             with open(path, "rb") as f:
@@ -276,10 +285,13 @@ def load(path=None, overrides=()):
                                   f"[section]{_suggest(section, list(DEFAULTS))}")
             for key, value in table.items():
                 _merge(cfg, section, key, value, path)
+                given.add(f"{section}.{key}")
     for text in overrides:
         s, k, v = parse_override(text)
         _merge(cfg, s, k, v, "--set")
+        given.add(f"{s}.{k}")
     validate(cfg)
+    cfg.explicit = frozenset(given)
     return cfg
 
 
@@ -323,6 +335,7 @@ def validate(cfg):
         (all(0 <= b < 1 for b in o["betas"]),
          f"optim.betas must both be in [0, 1), got {o['betas']!r}"),
         (o["eps"] > 0, f"optim.eps must be > 0, got {o['eps']!r}"),
+        (o["clip_norm"] >= 0, f"optim.clip_norm must be >= 0 (0: off), got {o['clip_norm']!r}"),
         (o["schedule"] in SCHEDULES,
          f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {o['schedule']!r}"
          + _suggest(o["schedule"], SCHEDULES)),
@@ -394,7 +407,7 @@ def digest(cfg):
 # -- what a checkpoint must match -------------------------------------------------
 LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
            "warmup_passes")
-ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state"),
+ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state", "clip_norm"),
               "algorithm": ("outer", "outer_schedule")}   # left out of the digest
                                                           # at their defaults
 
@@ -405,7 +418,7 @@ ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state"),
 # the resumed block's metrics line and kept in the manifests that follow.
 RESUME_TUNABLE = {
     "optim": ("lr", "momentum", "weight_decay", "nesterov", "reset_momentum", "betas",
-              "eps", "reset_state") + LR_KEYS,
+              "eps", "reset_state", "clip_norm") + LR_KEYS,
     "algorithm": ("rho", "l2", "adaptive_rho", "rho_mu", "rho_tau", "over_relaxation",
                   "dual_reset", "block_momentum", "block_lr", "nesterov", "easgd_beta",
                   "outer_schedule"),

@@ -103,6 +103,7 @@ class Adam(Optimizer):
 
     def step(self, g):
         """Apply one update with gradient g (P,); g may be modified in place."""
+        self.clip(g)
         bc1, bc2 = self.corrections()
         self.steps += 1
         p, wd = self.extra_grad, self.weight_decay

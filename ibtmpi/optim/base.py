@@ -36,6 +36,7 @@ def register(cls):
 class Optimizer(metaclass=abc.ABCMeta):
     name = ""
     reset_on_sync = True     # make() sets it from optim.reset_state
+    clip_norm = 0.0          # make() sets it from optim.clip_norm; 0: off
 
     def __init__(self, params, lr, extra_grad=None, ops=None):
         if lr <= 0:
@@ -61,6 +62,22 @@ class Optimizer(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def step(self, g):
         """One update of w from the gradient g (and extra_grad)."""
+
+    def clip(self, g):
+        """Scale the loss gradient g in place to an L2 norm of at most
+        clip_norm (before weight decay and the prox term); each step calls
+        it first. The norm is a float64 pairwise sum (the same bits at any
+        BLAS thread count); on a GPU the factor stays on the device (no
+        host sync a step)."""
+        if not self.clip_norm:
+            return
+        if self.ops is not None and self.ops.on_device(g):     # NumPy calls, CuPy's ops
+            nrm = np.sqrt(np.sum(np.square(g.astype(np.float64))))
+            g *= np.minimum(1.0, self.clip_norm / (nrm + 1e-12)).astype(g.dtype)
+            return
+        nrm = float(np.sqrt(np.sum(np.square(g, dtype=np.float64))))
+        if nrm > self.clip_norm:
+            g *= g.dtype.type(self.clip_norm / nrm)
 
     # -- state: the only way anybody reads or writes the buffers -------------
     def state_spec(self):
@@ -122,4 +139,5 @@ def make(o, params, ops=None):
         raise ValueError(f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     opt = OPTIMIZERS[name].from_config(o, params, ops)
     opt.reset_on_sync = reset_on_sync(o)
+    opt.clip_norm = float(o.get("clip_norm", 0.0))
     return opt

@@ -54,6 +54,7 @@ class SGD(Optimizer):
 
     def step(self, g):
         """Apply one update with gradient g (P,); g may be modified in place."""
+        self.clip(g)
         p = self.extra_grad
         if self.ops is not None and (p is None or isinstance(p, Prox)):
             c, u, rho = (p.c, p.u, p.rho) if p is not None else (None, None, 0.0)

@@ -302,3 +302,36 @@ def test_adam_config_keys_validate_and_keep_old_digests():
         old["optim"].pop(k)
     assert run_hash(old) == run_hash(now)
     assert run_hash(load(None, base + ["optim.eps=1e-6"])) != run_hash(now)
+
+
+@pytest.mark.parametrize("cls", [SGD, AdamW])
+def test_clip_norm_scales_the_loss_gradient_before_decay_and_prox(cls):
+    """optim.clip_norm: a gradient over the norm is scaled to it (the step
+    equals the step with the scaled gradient by hand), one under it is left
+    alone; weight decay and the prox term are added after the clip. The
+    device path (the CuPy stand-in) takes the same steps."""
+    rng = np.random.default_rng(5)
+    P = 400
+    w0, c, u = (rng.standard_normal(P).astype(np.float32) for _ in range(3))
+    big = (rng.standard_normal(P) * 10).astype(np.float32)       # norm about 200
+    small = (rng.standard_normal(P) * 0.01).astype(np.float32)   # norm about 0.2
+    clip = 3.0
+    scaled = big * np.float32(clip / np.sqrt(np.sum(big.astype(np.float64) ** 2)))
+
+    def run(grads, clip_norm, ops=None):
+        D = (lambda a: a) if ops is None else ops.asarray
+        w = D(w0.copy())
+        opt = cls(w, 0.05, **({"momentum": 0.9} if cls is SGD else {}),
+                  weight_decay=0.01, ops=ops,
+                  extra_grad=Prox(D(c), D(u), np.float32(0.3)))
+        opt.clip_norm = clip_norm
+        for g in grads:
+            opt.step(D(g.copy()))
+        return w if ops is None else ops.asnumpy(w)
+    np.testing.assert_array_equal(run([big, small], clip), run([scaled, small], 0.0))
+    assert not np.array_equal(run([big, small], clip), run([big, small], 0.0))
+    dev = run([big, small], clip, _Counting())
+    np.testing.assert_allclose(dev, run([big, small], clip), rtol=1e-5, atol=1e-6)
+    o = {**DEFAULTS["optim"], "clip_norm": 2.5}
+    assert optim.make(o, np.zeros(3, np.float32)).clip_norm == 2.5
+    assert optim.make(DEFAULTS["optim"], np.zeros(3, np.float32)).clip_norm == 0.0

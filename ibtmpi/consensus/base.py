@@ -125,6 +125,12 @@ class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
                 + ({"warmup": ", block_lr ramped with the lr's warm-up",
                     "lr": ", block_lr x lr_t / lr"}.get(schedule, "")))
 
+    def outer_gain(self):
+        """How far the start point moves per block against plain averaging
+        (1: the average; the sgd outer step: its steady-state gain)."""
+        g = getattr(self.outer, "gain", None)
+        return g() if g is not None else 1.0
+
     def set_outer_scale(self, scale):
         """zeta's factor for the next update (algorithm.outer_schedule)."""
         if self.outer is not None:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from .. import comm as mpi
-from .. import memory, timeline
+from .. import memory, recipe, timeline
 from ..model import Model
 from ..monitor import (MasterLate, Progress, Starved, Stragglers,
                        master_late_recent, master_late_text, oversubscription_text,
@@ -228,6 +228,8 @@ class MasterReports:
                  f"{split_note(self.sched)}, "
                  f"batch {self.sched.batch}, {self.sched.blocks_per_pass} blocks/pass, "
                  f"{self.total_blocks} blocks, model {self.P:,d} parameters")
+        if self.recipe_set:
+            self.log(recipe.describe(self.n_workers, self.recipe_set))
         if self.init_note and not start:
             self.log(f"model.init: {self.init_note}")
         if self.lr_at.describe():
@@ -371,6 +373,7 @@ class MasterReports:
         if val:
             rec["val_loss"], rec["val_acc"] = val["loss"], val["acc"]
             self._on_evaluation(rec)
+        self._overshoot_check(rec)
         self.history.append(rec)
         self.metrics_f.write(json.dumps(rec) + "\n")
         self.metrics_f.flush()
@@ -403,6 +406,33 @@ class MasterReports:
                  f"so far. Check optim.lr (now {self.cfg['optim']['lr']:g}): too large a "
                  f"step can kill the ReLUs before the first consensus (optim.warmup_passes "
                  f"= 1 guards against that), too small a one moves nothing. The run goes on")
+
+    def _overshoot_check(self, rec):
+        """Once a run: an outer step that amplifies (gain > 1, outer.py) and
+        a training loss that rises, after the lr's warm-up, in two blocks in
+        a row to more than 1.5x (and 0.25 over) the lowest block loss so far:
+        the outer step overshoots (CNTK warns on its block momentum settings
+        for the same reason). The run goes on; the line names the settings."""
+        gain = self.cons.outer_gain() if self.cons is not None else 1.0
+        if gain <= 1.0 or getattr(self, "_overshoot_said", False):
+            return
+        k, warm = rec["block"], self.lr_at.warm
+        past = [h["train_loss"] for h in self.history if h["block"] >= warm]
+        if k < warm + 2 or len(past) < 2:
+            return
+        low = min(past[:-1])
+        high = lambda x: x > max(1.5 * low, low + 0.25)   # noqa: E731
+        if not (high(rec["train_loss"]) and high(past[-1])):
+            return
+        self._overshoot_said = True
+        a = self.cfg["algorithm"]
+        self.log(f"warning: the outer step overshoots: block {k}'s training loss "
+                 f"{rec['train_loss']:.4f} is up from {low:.4f} for two blocks, with the "
+                 f"outer step amplifying the workers' mean {gain:.3g}x "
+                 f"(algorithm.block_momentum {a['block_momentum']:g}, block_lr "
+                 f"{a['block_lr']:g}). Lower algorithm.block_momentum or block_lr (a "
+                 f"resume may change them), or ramp them in (algorithm.outer_schedule = "
+                 f"warmup). The run goes on")
 
     def _growth_text(self, p, key, i, first, now):
         what = "peak RSS" if key == "peak_rss_mib" else "CuPy pool"

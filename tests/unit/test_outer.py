@@ -144,3 +144,24 @@ def test_outer_settings_are_checked(small_dataset):
     with pytest.raises(ConfigError, match="outer_schedule must be one of none, warmup, lr"):
         load(None, base + ["algorithm.outer_schedule=cosine"])
     assert set(OUTER) >= {"average", "sgd"}
+
+
+def test_the_overshoot_guard_fires_on_an_amplifying_outer_step(small_dataset, tmp_path):
+    """eta 0.9, zeta 5 (gain 95): the training loss climbs from block 2 on
+    and the run would diverge in block 7; the guard says so at block 3, once,
+    and names the settings. The defaults (gain 1.67) and plain averaging
+    stay quiet."""
+    def run(name, *sets):
+        logs = []
+        c = load(None, [f"data.path={small_dataset}", "model.layers=tiny",
+                        "data.split_size=20", "data.batch=10", "run.passes=1",
+                        "run.simulate=4", "run.threads=1", "run.quiet=true",
+                        f"run.dir={tmp_path / name}", *sets])
+        Trainer(c, log=logs.append).run()
+        return [m for m in logs if "overshoots" in m]
+    said = run("hot", "algorithm.block_momentum=0.9", "algorithm.block_lr=5")
+    assert len(said) == 1 and said[0].startswith(
+        "warning: the outer step overshoots: block 3's training loss")
+    assert "95x (algorithm.block_momentum 0.9, block_lr 5)" in said[0]
+    assert run("default") == []
+    assert run("avg", "algorithm.name=admm") == []

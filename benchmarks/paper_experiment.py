@@ -16,12 +16,15 @@ command is kept, so a stopped experiment resumes.
   python benchmarks/paper_experiment.py --out runs/paper --size 64 --device gpu --streams 4
 
 The recipe study: each --recipe "NAME=ALGO KEY=VALUE ..." is run at every N
-and seed next to the N = 1 run of its seed; a value in braces is computed
-for the run's N and passes P (e.g. optim.lr={0.02*sqrt(N)}); the table
-gives each recipe's test accuracy and held-out gap to N = 1 (paired SE):
+and seed next to the N = 1 run of its seed (at --batch; a recipe gives its
+own data.batch, else it gets the default or algorithm.recipe's); a value
+in braces is computed for the run's N and passes P (e.g.
+optim.lr={0.02*sqrt(N)}); the table gives each recipe's test accuracy and
+held-out gap to N = 1 (paired SE):
 
   python benchmarks/paper_experiment.py --out runs/screen --size 32 --passes 5 \
-      --seeds 1 --ns 40 --recipe "b8=ibt data.batch=8 optim.warmup_passes={P/20}"
+      --seeds 1 --ns 40 --recipe "b8=ibt data.batch=8 optim.warmup_passes={P/20}" \
+      --recipe "auto=ibt algorithm.recipe=auto"
 """
 import argparse
 import math
@@ -73,16 +76,16 @@ def resolve(sets, n, passes):
 
 
 def recipe_grid(a):
-    """(name, algorithm, N, --set list): per seed the N = 1 run, then every
-    recipe at every N."""
-    common = [f"run.passes={a.passes:g}", f"data.batch={a.batch}",
-              f"data.block_size={a.block}", f"optim.schedule={a.schedule}",
-              f"run.threads={a.threads}", *a.set]
+    """(name, algorithm, N, --set list): per seed the N = 1 run (at --batch),
+    then every recipe at every N (at its own data.batch, or the default or
+    what algorithm.recipe derives: --batch is not passed to them)."""
+    common = [f"run.passes={a.passes:g}", f"data.block_size={a.block}",
+              f"optim.schedule={a.schedule}", f"run.threads={a.threads}", *a.set]
     jobs = []
     for sd in range(a.seeds):
         seed = [f"model.seed={sd}", f"data.seed={sd}"] if sd else []
         tail = f"-s{sd}" if sd else ""
-        jobs.append((f"base-sgd-1{tail}", "sgd", 1, common + seed))
+        jobs.append((f"base-sgd-1{tail}", "sgd", 1, common + [f"data.batch={a.batch}"] + seed))
         jobs += [(f"{name}-{algo}-{n}{tail}", algo, n,
                   common + resolve(sets, n, a.passes) + seed)
                  for n in a.ns for name, algo, sets in a.recipe]

@@ -45,6 +45,8 @@ DEFAULTS = {
     },
     "algorithm": {
         "name": "ibt",
+        "recipe": "none",        # auto: the settings measured for this N (ibtmpi/recipe.py)
+                                 # where you set none | none: the plain defaults
         "rho": 0.01,             # ADMM penalty (admm, ibt)
         "l2": 0.0,               # lambda of the consensus L2 term (admm z-update)
         "adaptive_rho": False,   # residual balancing (Boyd et al. 3.4.1)
@@ -297,6 +299,7 @@ def load(path=None, overrides=()):
 
 def validate(cfg):
     from .consensus import ALGORITHMS, OUTER, OUTER_SCHEDULES  # the registries
+    from .recipe import RECIPES
     from .optim import OPTIMIZERS
     d, a, o, r = cfg["data"], cfg["algorithm"], cfg["optim"], cfg["run"]
     checks = [
@@ -324,6 +327,8 @@ def validate(cfg):
         (a["outer"] == "auto"
          or getattr(ALGORITHMS.get(a["name"]), "default_outer", None) is not None,
          f"algorithm.outer: {a['name']} moves z itself; leave it at auto"),
+        (a["recipe"] in RECIPES,
+         f"algorithm.recipe must be one of {', '.join(RECIPES)}, got {a['recipe']!r}"),
         (a["outer_schedule"] in OUTER_SCHEDULES,
          f"algorithm.outer_schedule must be one of {', '.join(OUTER_SCHEDULES)}, "
          f"got {a['outer_schedule']!r}"),
@@ -408,7 +413,7 @@ def digest(cfg):
 LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
            "warmup_passes")
 ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state", "clip_norm"),
-              "algorithm": ("outer", "outer_schedule")}   # left out of the digest
+              "algorithm": ("outer", "outer_schedule", "recipe")}  # left out of the digest
                                                           # at their defaults
 
 

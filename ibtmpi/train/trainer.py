@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from .. import comm as mpi
-from .. import consensus, optim, runlock, timeline
+from .. import consensus, optim, recipe, runlock, timeline
 from ..config import ConfigError, digest, run_hash
 from ..dataset import Dataset
 from ..loader import WorkerData
@@ -70,6 +70,9 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         n, tr = self.n_workers, self.ds.split("train")
         split = split_size_for(d["block_size"] or None,
                                d["split_size"] or (None if d["block_size"] else 512), n)
+        # algorithm.recipe: the settings for this N where the user set none
+        self.cfg, self.recipe_set = recipe.apply(cfg, n, min(split, tr.n // n))
+        cfg, d = self.cfg, self.cfg["data"]
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
         t1 = time.perf_counter()
         self._wire_compute(device_ops, gpu_buffers, master_ops)

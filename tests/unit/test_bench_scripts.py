@@ -177,7 +177,9 @@ def test_paper_experiment_recipe_study(small_dataset, tmp_path):
     with open(out / "gain-ibt-4" / "config.toml", "rb") as f:
         cfg = tomllib.load(f)
     assert cfg["algorithm"]["block_momentum"] == 0.75 and cfg["optim"]["lr"] == 0.02
-    assert cfg["run"]["simulate"] == 4 and cfg["data"]["batch"] == 10
+    assert cfg["run"]["simulate"] == 4 and cfg["data"]["batch"] == 32   # the default
+    with open(out / "base-sgd-1" / "config.toml", "rb") as f:
+        assert tomllib.load(f)["data"]["batch"] == 10                      # --batch
     md = (out / "report" / "recipes.md").read_text()
     assert md.startswith("N = 1 (sgd): held-out accuracy 0.")
     rows = {l.split("|")[1].strip(): l for l in md.splitlines() if l.startswith("| ")}

@@ -1,0 +1,73 @@
+"""algorithm.recipe (ibtmpi/recipe.py): the values auto derives for N = 1,
+10 and 40 at the paper's block, the user's values winning, and a run that
+logs them, writes them to config.toml and resumes to the same model."""
+import os
+
+import pytest
+
+from ibtmpi import recipe
+from ibtmpi.config import ConfigError, load, tomllib
+from ibtmpi.train import Trainer
+
+
+def _cfg(*sets):
+    return load(None, ["data.path=x", "algorithm.recipe=auto", *sets])
+
+
+def test_auto_derives_the_documented_values_at_the_papers_block():
+    c = _cfg("data.block_size=4960", "data.batch=31")
+    # N = 1: the baseline (sgd) keeps every default
+    assert recipe.derive(load(None, ["data.path=x", "algorithm.name=sgd",
+                                     "algorithm.recipe=auto"]), 1, 4960) == []
+    want = [("data.batch", recipe.LOCAL_BATCH),
+            ("optim.warmup_passes", recipe.WARMUP_PASSES),
+            ("optim.clip_norm", recipe.CLIP_NORM)]
+    assert recipe.derive(c, 10, 496) == want
+    assert recipe.derive(c, 40, 124) == want
+    assert (recipe.LOCAL_BATCH, recipe.WARMUP_PASSES, recipe.CLIP_NORM) == (8, 1.0, 5.0)
+    # a split too large for the small batch keeps its batch
+    assert dict(recipe.derive(c, 2, 2480))["data.batch"] == 31
+    # ssgd, easgd with another optimizer, or recipe none: nothing
+    assert recipe.derive(_cfg("algorithm.name=ssgd"), 10, 496) == []
+    assert recipe.derive(_cfg("optim.name=adamw"), 10, 496) == []
+    assert recipe.derive(load(None, ["data.path=x", "algorithm.recipe=none"]), 10, 496) == []
+
+
+def test_the_users_values_win():
+    c = _cfg("data.batch=31", "optim.clip_norm=0")
+    out, done = recipe.apply(c, 40, 124)
+    assert done == [("optim.warmup_passes", 1.0)]
+    assert out["data"]["batch"] == 31 and out["optim"]["clip_norm"] == 0.0
+    assert c["optim"]["warmup_passes"] == 0.0           # the caller's config is untouched
+    line = recipe.describe(40, done)
+    assert line.startswith("algorithm.recipe auto for N = 40: optim.warmup_passes = 1")
+    assert recipe.describe(40, []) is None
+    with pytest.raises(ConfigError, match="algorithm.recipe must be one of auto, none"):
+        load(None, ["data.path=x", "algorithm.recipe=best"])
+
+
+def test_a_run_logs_writes_and_resumes_its_recipe(small_dataset, tmp_path):
+    sets = [f"data.path={small_dataset}", "algorithm.recipe=auto", "data.split_size=40",
+            "model.layers=tiny", "run.passes=2", "run.quiet=true", "run.simulate=3",
+            "run.threads=1", "run.checkpoint_every=1", f"run.dir={tmp_path / 'r'}"]
+    logs = []
+    t = Trainer(load(None, sets + ["run.passes=1"]), log=logs.append)
+    t.run()
+    line = [m for m in logs if m.startswith("algorithm.recipe auto for N = 3")]
+    assert line and "data.batch = 8" in line[0] and "optim.clip_norm = 5" in line[0]
+    with open(os.path.join(tmp_path, "r", "config.toml"), "rb") as f:
+        saved = tomllib.load(f)
+    assert (saved["data"]["batch"], saved["optim"]["warmup_passes"],
+            saved["optim"]["clip_norm"]) == (8, 1.0, 5.0)
+    # the same command for 2 passes resumes (the derived values hash alike)
+    # and equals the uninterrupted 2-pass run
+    logs = []
+    t2 = Trainer(load(None, sets), log=logs.append)
+    t2.run()
+    assert any("resuming from" in m for m in logs)
+    ref = Trainer(load(None, sets[:-1] + [f"run.dir={tmp_path / 'ref'}"]), log=lambda m: None)
+    ref.run()
+    assert t2.z.tobytes() == ref.z.tobytes()
+    # and the run's own config.toml, every key given, derives nothing more
+    again = load(os.path.join(tmp_path, "r", "config.toml"))
+    assert recipe.apply(again, 3, 40)[1] == []

@@ -95,7 +95,8 @@ def recipe_grid(a):
 def recipe_table(a, jobs, hold):
     """Markdown: per recipe and N, the test accuracy (mean over seeds) and
     the held-out gap to the N = 1 run of the same seed +- its paired SE
-    (as bench report's), with the runs that diverged or failed."""
+    (as bench report's; over seeds with its one-sided 95% bound), with the
+    runs that diverged or failed."""
     import numpy as np
     from ibtmpi.dataset import Dataset
     sp = Dataset(hold).split("test")
@@ -132,7 +133,8 @@ def recipe_table(a, jobs, hold):
                 se = float(np.hypot(se, gaps.std(ddof=1) / np.sqrt(len(ok))))
             acc = np.mean([json_acc(dirs[sd]) for sd in ok])
             cells.append(f"{acc:.4f}, {gaps.mean():+.2f} +- {se:.2f} pt"
-                         + (f" (n={len(ok)})" if len(ok) > 1 else "")
+                         + (f" (n={len(ok)}; bound {gaps.mean() + 1.645 * se:+.2f})"
+                            if len(ok) > 1 else "")
                          + (f", {bad} diverged" if bad else ""))
         md.append(f"| {name} | {algo} | " + " | ".join(cells) + " |")
     return "\n".join(md)

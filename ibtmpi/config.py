@@ -413,7 +413,7 @@ def digest(cfg):
 LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
            "warmup_passes")
 ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state", "clip_norm"),
-              "algorithm": ("outer", "outer_schedule", "recipe")}  # left out of the digest
+              "algorithm": ("outer", "outer_schedule")}   # left out of the digest
                                                           # at their defaults
 
 
@@ -481,6 +481,7 @@ def config_diff(old, new, show=6):
 def hashed_config(cfg, legacy=False):
     """What determines the computation (as a dict; run_hash digests it),
     not operational keys (passes, threads, quiet, eval/checkpoint cadence,
+    algorithm.recipe: the values it derived are hashed where they are,
     run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
     timeline, keep_best, early_stop, early_stop_delta, eval_device,
     master_device) nor where the data
@@ -498,6 +499,7 @@ def hashed_config(cfg, legacy=False):
                 "cuda_graphs", "master_device"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
+    c["algorithm"].pop("recipe", None)  # what it derived is in the other keys
     o = c["optim"]
     if o["schedule"] == "cosine" and not o["decay_passes"]:
         o["decay_passes"] = float(cfg["run"]["passes"])   # what 0 resolves to

@@ -113,16 +113,27 @@ def test_torch_twin_of_an_avgpool_model_computes_our_forward():
     np.testing.assert_allclose(got, m.forward(x), rtol=1e-5, atol=1e-6)
 
 
+def _holdout(tmp_path):
+    """A 300-image held-out set of another seed."""
+    from ibtmpi.data_prep.prep import prep_synth
+    hold = str(tmp_path / "hold")
+    prep_synth(hold, n=300, size=16, seed=11, shards=1, quiet=True)
+    return hold
+
+
+def _paper(out, data, hold):
+    """The paper script's command over the small set at N = 2 and 4."""
+    return [sys.executable, os.path.join(ROOT, "benchmarks", "paper_experiment.py"),
+            "--out", str(out), "--data", data, "--holdout", hold, "--ns", "2,4"]
+
+
 def test_paper_experiment_runs_its_grid_in_order_and_reports(small_dataset, tmp_path):
     """benchmarks/paper_experiment.py, tiny: seed 0's grid, then seed 1's
     without bmuf (--bmuf-seeds 1), two at a time; the report's fixed-block
     tables on the held-out set; a rerun keeps every run."""
-    from ibtmpi.data_prep.prep import prep_synth
-    hold = str(tmp_path / "hold")
-    prep_synth(hold, n=300, size=16, seed=11, shards=1, quiet=True)
+    hold = _holdout(tmp_path)
     out = tmp_path / "paper"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "paper_experiment.py"),
-           "--out", str(out), "--data", small_dataset, "--holdout", hold, "--ns", "2,4",
+    cmd = _paper(out, small_dataset, hold) + [
            "--algos", "ibt,bmuf", "--seeds", "2", "--bmuf-seeds", "1", "--passes", "1",
            "--block", "80", "--batch", "10", "--streams", "2", "--threads", "1",
            "--set", "model.layers=tiny"]
@@ -159,12 +170,9 @@ def test_paper_experiment_recipe_study(small_dataset, tmp_path):
     """--recipe: every recipe at every N next to the N = 1 run of its seed,
     a value in braces computed for the run's N and passes, and the table of
     test accuracy and held-out gap per recipe and N."""
-    from ibtmpi.data_prep.prep import prep_synth
-    hold = str(tmp_path / "hold")
-    prep_synth(hold, n=300, size=16, seed=11, shards=1, quiet=True)
+    hold = _holdout(tmp_path)
     out = tmp_path / "study"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "paper_experiment.py"),
-           "--out", str(out), "--data", small_dataset, "--holdout", hold, "--ns", "2,4",
+    cmd = _paper(out, small_dataset, hold) + [
            "--seeds", "1", "--passes", "1", "--block", "80", "--batch", "10",
            "--streams", "2", "--threads", "1", "--set", "model.layers=tiny",
            "--recipe", "plain=ma",

@@ -26,7 +26,9 @@ def test_auto_derives_the_documented_values_at_the_papers_block():
     assert recipe.derive(c, 40, 124) == want
     assert (recipe.LOCAL_BATCH, recipe.WARMUP_PASSES, recipe.CLIP_NORM) == (8, 1.0, 5.0)
     # a split too large for the small batch keeps its batch
-    assert dict(recipe.derive(c, 2, 2480))["data.batch"] == 31
+    assert dict(recipe.derive(c, 10, 2480))["data.batch"] == 31
+    # below the measured N: the defaults
+    assert recipe.MIN_WORKERS == 10 and recipe.derive(c, 9, 551) == []
     # ssgd, easgd with another optimizer, or recipe none: nothing
     assert recipe.derive(_cfg("algorithm.name=ssgd"), 10, 496) == []
     assert recipe.derive(_cfg("optim.name=adamw"), 10, 496) == []
@@ -47,13 +49,13 @@ def test_the_users_values_win():
 
 
 def test_a_run_logs_writes_and_resumes_its_recipe(small_dataset, tmp_path):
-    sets = [f"data.path={small_dataset}", "algorithm.recipe=auto", "data.split_size=40",
-            "model.layers=tiny", "run.passes=2", "run.quiet=true", "run.simulate=3",
+    sets = [f"data.path={small_dataset}", "algorithm.recipe=auto", "data.split_size=16",
+            "model.layers=tiny", "run.passes=2", "run.quiet=true", "run.simulate=10",
             "run.threads=1", "run.checkpoint_every=1", f"run.dir={tmp_path / 'r'}"]
     logs = []
     t = Trainer(load(None, sets + ["run.passes=1"]), log=logs.append)
     t.run()
-    line = [m for m in logs if m.startswith("algorithm.recipe auto for N = 3")]
+    line = [m for m in logs if m.startswith("algorithm.recipe auto for N = 10")]
     assert line and "data.batch = 8" in line[0] and "optim.clip_norm = 5" in line[0]
     with open(os.path.join(tmp_path, "r", "config.toml"), "rb") as f:
         saved = tomllib.load(f)
@@ -70,4 +72,12 @@ def test_a_run_logs_writes_and_resumes_its_recipe(small_dataset, tmp_path):
     assert t2.z.tobytes() == ref.z.tobytes()
     # and the run's own config.toml, every key given, derives nothing more
     again = load(os.path.join(tmp_path, "r", "config.toml"))
-    assert recipe.apply(again, 3, 40)[1] == []
+    assert recipe.apply(again, 10, 40)[1] == []
+
+
+def test_the_recipe_key_is_not_hashed_its_values_are():
+    from ibtmpi.config import run_hash
+    a = load(None, ["data.path=x", "algorithm.recipe=none"])
+    b = load(None, ["data.path=x", "algorithm.recipe=auto"])
+    assert run_hash(a) == run_hash(b)                 # N < 10: the same computation
+    assert run_hash(recipe.apply(b, 40, 124)[0]) != run_hash(b)

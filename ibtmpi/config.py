@@ -45,7 +45,7 @@ DEFAULTS = {
     },
     "algorithm": {
         "name": "ibt",
-        "recipe": "none",        # auto: the settings measured for this N (ibtmpi/recipe.py)
+        "recipe": "auto",        # auto: the settings measured for this N (ibtmpi/recipe.py)
                                  # where you set none | none: the plain defaults
         "rho": 0.01,             # ADMM penalty (admm, ibt)
         "l2": 0.0,               # lambda of the consensus L2 term (admm z-update)

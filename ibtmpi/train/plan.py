@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import checkpoint as ckpt
 from .. import comm as mpi
-from .. import runlock, timeline
+from .. import recipe, runlock, timeline
 from ..monitor import oversubscription_text, placement_text
 
 
@@ -45,6 +45,8 @@ def plan_lines(t):
     else:
         resume = "start from block 0" + (f", {t.init_note}" if t.init_note else "")
     warn = oversubscription_text(t.placement)
+    outer = (t.cons.describe_outer(t.cfg["algorithm"]["outer_schedule"])
+             if t.cons is not None else None)
     return [
         "dry run: nothing trained, nothing written; the job would start as follows",
         f"  job: {t.algo}, {how}; workers compute on "
@@ -58,6 +60,8 @@ def plan_lines(t):
         f"  model: {t.cfg['model']['layers']}, {t.P:,d} parameters "
         f"({t.P * 4 / 2**20:.1f} MiB float32)",
         f"  {t.lr_at.describe() or 'lr: constant ' + format(t.lr_at.lr, 'g')}",
+        *([f"  {recipe.describe(n, t.recipe_set)}"] if t.recipe_set else []),
+        *([f"  {outer}"] if outer else []),
         "  communication: " + (
             "none (one process: the block's packet is summed in place, no MPI)"
             if n == 1 and not t.simulate and mpi.world_size() == 1 else

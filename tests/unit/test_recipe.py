@@ -81,3 +81,19 @@ def test_the_recipe_key_is_not_hashed_its_values_are():
     b = load(None, ["data.path=x", "algorithm.recipe=auto"])
     assert run_hash(a) == run_hash(b)                 # N < 10: the same computation
     assert run_hash(recipe.apply(b, 40, 124)[0]) != run_hash(b)
+
+
+def test_the_dry_run_names_what_the_recipe_sets(small_dataset, tmp_path, capsys):
+    from ibtmpi.cli import main
+    args = ["train", "--dry-run", "--simulate", "10", "--set", f"data.path={small_dataset}",
+            "--set", "model.layers=tiny", "--set", f"run.dir={tmp_path / 'r'}",
+            "--set", "data.block_size=160", "--set", "optim.clip_norm=2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert ("algorithm.recipe auto for N = 10: data.batch = 8, optim.warmup_passes = 1 "
+            "(a value you set wins") in out
+    assert "split 16 per worker (block 160), batch 8" in out
+    assert "outer step: sgd (eta 0.25, zeta 1, Nesterov: gain 1.67)" in out
+    assert main(args + ["--set", "algorithm.recipe=none"]) == 0
+    out = capsys.readouterr().out
+    assert "algorithm.recipe" not in out and "batch 32" in out

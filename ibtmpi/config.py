@@ -326,7 +326,8 @@ def validate(cfg):
          + _suggest(a["outer"], list(OUTER))),
         (a["outer"] == "auto"
          or getattr(ALGORITHMS.get(a["name"]), "default_outer", None) is not None,
-         f"algorithm.outer: {a['name']} moves z itself; leave it at auto"),
+         f"algorithm.outer: {a['name']} has no outer step to swap (easgd moves z itself, "
+         f"sgd and ssgd keep no consensus); leave it at auto"),
         (a["recipe"] in RECIPES,
          f"algorithm.recipe must be one of {', '.join(RECIPES)}, got {a['recipe']!r}"),
         (a["outer_schedule"] in OUTER_SCHEDULES,
@@ -481,10 +482,10 @@ def config_diff(old, new, show=6):
 def hashed_config(cfg, legacy=False):
     """What determines the computation (as a dict; run_hash digests it),
     not operational keys (passes, threads, quiet, eval/checkpoint cadence,
-    algorithm.recipe: the values it derived are hashed where they are,
     run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
     timeline, keep_best, early_stop, early_stop_delta, eval_device,
-    master_device) nor where the data
+    master_device), nor algorithm.recipe (the values it derived are hashed
+    where they land), nor where the data
     lives: data.path may move (a copy staged to node-local scratch after a
     requeue); the manifest's dataset fingerprint says whether it is the
     same data. Keys added later (ADDED_KEYS) are left out at their

@@ -29,6 +29,7 @@ import time
 
 from . import launcher
 from .consensus import ALGORITHMS
+from .fsutil import save_figure
 from .monitor import STARVED_SHARE, starved_workers
 from .tta import how_timed, plot as tta_plot, table as tta_table, timing
 
@@ -550,7 +551,7 @@ def _plots(runs, out_dir):
         ax.legend()
         fig.tight_layout()
         files.append(os.path.join(out_dir, "t4_val_accuracy.png"))
-        fig.savefig(files[-1], dpi=100)
+        save_figure(fig, files[-1])
     plt.close(fig)
     # T5 residuals and rho
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -574,7 +575,7 @@ def _plots(runs, out_dir):
         axes[1].legend()
         fig.tight_layout()
         files.append(os.path.join(out_dir, "t5_residuals_rho.png"))
-        fig.savefig(files[-1], dpi=100)
+        save_figure(fig, files[-1])
     plt.close(fig)
     # T6 time breakdown (real MPI runs)
     mpi = [r for r in runs if not r["simulated"] and r["N"] > 1]
@@ -594,6 +595,6 @@ def _plots(runs, out_dir):
         plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
         fig.tight_layout()
         files.append(os.path.join(out_dir, "t6_time_breakdown.png"))
-        fig.savefig(files[-1], dpi=100)
+        save_figure(fig, files[-1])
         plt.close(fig)
     return files

@@ -40,6 +40,23 @@ class CheckpointError(Exception):
     """A checkpoint is missing, incomplete, foreign or malformed."""
 
 
+class DamagedCheckpoint(CheckpointError):
+    """A manifest that cannot be read as one (a resume sets the checkpoint
+    aside and tries the previous one), not one of another version."""
+
+
+def stamp(run_id, block):
+    """What each rank file of checkpoint `block` of run `run_id` carries (its
+    array ``stamp``), so a file copied in from another run or block is
+    refused: the manifest records the run id, not the files' contents."""
+    return f"{run_id}/{block}"
+
+
+def new_run_id():
+    import uuid
+    return uuid.uuid4().hex[:16]
+
+
 def ckpt_dir(run_dir, block):
     return os.path.join(run_dir, "checkpoints", f"ckpt-{block:08d}")
 
@@ -160,10 +177,14 @@ def read_manifest(run_dir, block):
         with open(p) as f:
             m = json.load(f)
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{p}: cannot be read ({e})") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("version") != VERSION:
-        raise CheckpointError(f"{p}: not an ibtmpi checkpoint manifest (format "
-                              f"{m.get('format') if isinstance(m, dict) else None!r})")
+        raise DamagedCheckpoint(f"{p}: cannot be read ({' '.join(str(e).split())})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise DamagedCheckpoint(f"{p}: not an ibtmpi checkpoint manifest (format "
+                                f"{m.get('format') if isinstance(m, dict) else None!r})")
+    if m.get("version") != VERSION:
+        raise CheckpointError(f"{p}: manifest version {m.get('version')!r}; this ibtmpi "
+                              f"reads version {VERSION} (written by another ibtmpi "
+                              f"release: resume with that one, or use another run.dir)")
     for f in m.get("files", []):
         if not isinstance(f, str) or os.path.basename(f) != f or f in (".", ".."):
             raise CheckpointError(f"{p}: file name {f!r} must be a plain name inside "

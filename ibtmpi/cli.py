@@ -309,10 +309,9 @@ def cmd_evaluate(args):
         text = format_report(rep)
         print(text)
         if args.out:
-            with open(os.path.join(args.out, "report.json"), "w") as f:
-                json.dump(rep, f, indent=1)
-            with open(os.path.join(args.out, "report.txt"), "w") as f:
-                f.write(text + "\n")
+            from .fsutil import replace_file       # never through a link at --out
+            replace_file(os.path.join(args.out, "report.json"), json.dumps(rep, indent=1))
+            replace_file(os.path.join(args.out, "report.txt"), text + "\n")
             try:
                 confusion_png(rep, os.path.join(args.out, "confusion.png"))
                 print(f"wrote {args.out}/report.json, report.txt, confusion.png")
@@ -371,8 +370,8 @@ def cmd_predict(args):
             wr.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
         text = buf.getvalue().rstrip("\n")
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        from .fsutil import replace_file           # never through a link at --out
+        replace_file(args.out, text + "\n")
     else:
         print(text)
     if not rows:

@@ -460,6 +460,19 @@ def run_hash(cfg, legacy=False):
     return digest(hashed_config(cfg, legacy))
 
 
+def legacy_hashes(cfg):
+    """The digests older checkpoints of this configuration carry: before
+    data.path left the digest, and the releases between run.cuda_aware's
+    arrival and its move out of the digest, which hashed it at the value
+    the run had (any of its three)."""
+    out = {run_hash(cfg, legacy=True)}
+    for v in ("auto", "on", "off"):
+        c = hashed_config(cfg, legacy=True)
+        c["run"]["cuda_aware"] = v
+        out.add(digest(c))
+    return out
+
+
 def config_diff(old, new, show=6):
     """'section.key: A in the checkpoint, B now' for each key of two
     hashed_config() dicts that differs (at most `show`, then a count)."""

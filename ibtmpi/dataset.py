@@ -58,9 +58,13 @@ def _h5_reason(e):
 class SplitReader:
     """The files of one split viewed as one global row index space."""
 
-    def __init__(self, name, files, counts, labels):
+    def __init__(self, name, files, counts, labels, sizes=None):
         self.name = name
         self.files = files                    # paths
+        # each file's size when it was validated: a file that shrinks while
+        # it is open reads as zeros past its end (HDF5 zero-fills, and the
+        # Fletcher-32 sum of zeros is 0), so every read checks it (_check_size)
+        self.sizes = list(sizes) if sizes is not None else [None] * len(files)
         self.counts = list(counts)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.n = int(self.offsets[-1])
@@ -70,7 +74,28 @@ class SplitReader:
     def _open(self):
         if self._handles is None:
             self._handles = [open_read(f) for f in self.files]
+            for s in range(len(self.files)):
+                self._check_size(s)
         return self._handles
+
+    def _check_size(self, s):
+        """DatasetError where file s is no longer the size it was validated
+        at (truncated or rewritten in place while the run reads it). The
+        open handle's own size (fstat): a file replaced by a rename leaves
+        the handle on the old, intact one."""
+        want = self.sizes[s]
+        if want is None:
+            return
+        try:
+            got = os.fstat(self._handles[s].id.get_vfd_handle()).st_size
+        except (OSError, TypeError, ValueError, AttributeError):
+            got = os.path.getsize(self.files[s])   # another HDF5 driver: the path
+        if got != want:
+            raise DatasetError(
+                f"{self.files[s]}: the file changed while the run read it ({want} bytes "
+                f"when checked, {got} now: truncated or rewritten in place); rows past "
+                f"its end would read as zeros. Restore the file (or re-create the data "
+                f"set with `ibtmpi prep`) and resume")
 
     def close(self):
         if self._handles:
@@ -110,6 +135,8 @@ class SplitReader:
             lo = int(idx[order[j]] - self.offsets[s])
             out[order[j:k + 1]] = self._rows(s, lo, lo + (k - j + 1))
             j = k + 1
+        for s in np.unique(shard):            # after the reads: zeros read past a
+            self._check_size(int(s))          # new end are never handed on
         return out
 
     def _rows(self, s, lo, hi):
@@ -120,6 +147,7 @@ class SplitReader:
         try:
             return images[lo:hi]
         except (OSError, RuntimeError, ValueError) as e:
+            self._check_size(s)              # a file cut short says so, not "damaged"
             bad = lo
             for r in range(lo, hi):          # one row a chunk: find the first bad one
                 try:
@@ -134,8 +162,12 @@ class SplitReader:
     def read_all(self):
         """All rows, file by file (contiguous reads)."""
         self._open()
-        return (np.concatenate([self._rows(s, 0, c) for s, c in enumerate(self.counts)])
-                if self.files else None)
+        if not self.files:
+            return None
+        out = np.concatenate([self._rows(s, 0, c) for s, c in enumerate(self.counts)])
+        for s in range(len(self.files)):
+            self._check_size(s)
+        return out
 
 
 class Dataset:
@@ -164,6 +196,7 @@ class Dataset:
         self.mean = np.asarray(meta["mean"], np.float64)
         self.std = np.asarray(meta["std"], np.float64)
         self.splits = {}
+        self.unchecked = []                   # files without Fletcher-32 checksums
         for name, info in meta["splits"].items():
             self.splits[name] = self._open_split(name, info)
 
@@ -204,7 +237,7 @@ class Dataset:
                 or len(files) != len(counts) or not files):
             raise DatasetError(f"{self.path}/dataset.json: split {name!r} needs "
                                f"matching non-empty 'files' and 'counts' lists")
-        paths, labels = [], []
+        paths, labels, sizes = [], [], []
         for fname, count in zip(files, counts):
             # confine to the dataset directory: no absolute paths, no '..'
             if (os.path.isabs(fname) or os.path.basename(fname) != fname
@@ -216,6 +249,7 @@ class Dataset:
             if not os.path.isfile(p):
                 raise DatasetError(f"{p} is missing (listed in dataset.json, "
                                    f"split {name!r})")
+            sizes.append(os.path.getsize(p))
             try:
                 f = open_read(p)
             except OSError as e:
@@ -229,13 +263,16 @@ class Dataset:
                                        f"is damaged: re-create the data set with "
                                        f"`ibtmpi prep` or restore it") from None
             paths.append(p)
-        return SplitReader(name, paths, counts, np.concatenate(labels))
+        return SplitReader(name, paths, counts, np.concatenate(labels), sizes)
 
     def _check_file(self, p, f, count):
         for key in ("images", "labels"):
             if key not in f:
                 raise DatasetError(f"{p}: dataset {key!r} missing")
+            self._check_storage(p, f, key)
         im, lb = f["images"], f["labels"]
+        if not (im.fletcher32 and lb.fletcher32):
+            self.unchecked.append(os.path.basename(p))
         if im.dtype != np.uint8 or im.ndim != 4:
             raise DatasetError(f"{p}: 'images' must be uint8 (n, H, W, C), "
                                f"found {im.dtype} with shape {im.shape}")
@@ -280,6 +317,55 @@ class Dataset:
         except (OSError, RuntimeError) as e:
             raise DatasetError(f"{p}: images cannot be read (truncated?): {e}") from None
         return labels
+
+    @staticmethod
+    def _check_storage(p, f, key):
+        """The rows of `key` live in this file: not behind a soft or external
+        link, not in external raw files, not a virtual dataset mapping other
+        files. Each would read bytes from outside the dataset directory (the
+        plain-name rule for dataset.json's files holds inside the shards too)."""
+        h5py = _h5()
+        link = f.get(key, getlink=True)
+        if not isinstance(link, h5py.HardLink):
+            raise DatasetError(f"{p}: {key!r} is a {type(link).__name__} (to "
+                               f"{getattr(link, 'filename', '') or getattr(link, 'path', '')}); "
+                               f"a shard must hold its own rows: re-create it with `ibtmpi prep`")
+        d = f[key]
+        if not isinstance(d, h5py.Dataset):
+            raise DatasetError(f"{p}: {key!r} is not a dataset")
+        if d.external:
+            raise DatasetError(f"{p}: {key!r} is stored in external file(s) "
+                               f"({', '.join(str(e[0]) for e in d.external[:3])}); "
+                               f"a shard must hold its own rows: re-create it with `ibtmpi prep`")
+        if d.is_virtual:
+            raise DatasetError(f"{p}: {key!r} is a virtual dataset (rows mapped from "
+                               f"other files); a shard must hold its own rows: re-create "
+                               f"it with `ibtmpi prep`")
+
+    def content_digest(self, budget=4096):
+        """A digest of what the shards hold, for a resume to tell the data
+        set it started on from a replaced one, wherever the directory was
+        copied to (sizes and times change with a copy; content does not):
+        per file its size in rows, all labels, and images spread evenly over
+        it (`budget` images in all, at least 4 a file: a few MB read
+        whatever the data set's size). A
+        replaced shard that differs only in rows between the samples goes
+        unseen; a regenerated or foreign one does not."""
+        import hashlib
+        h = hashlib.sha256()
+        rows = max(4, budget // sum(len(sp.files) for sp in self.splits.values()))
+        for name in sorted(self.splits):
+            sp = self.splits[name]
+            h.update(name.encode())
+            sp._open()
+            for s, c in enumerate(sp.counts):
+                h.update(np.int64(c).tobytes())
+                h.update(np.ascontiguousarray(
+                    sp.labels[sp.offsets[s]:sp.offsets[s + 1]]).tobytes())
+                for r in sorted({int(i) for i in np.linspace(0, c - 1, min(rows, c))}):
+                    h.update(np.ascontiguousarray(sp._rows(s, r, r + 1)).tobytes())
+                sp._check_size(s)
+        return h.hexdigest()[:16]
 
     # -- access -----------------------------------------------------------
     @property

@@ -42,3 +42,70 @@ def fsync_dir(path):
         fsync_path(path)
     except OSError:
         pass
+
+
+def replace_file(path, data):
+    """Write `data` (str or bytes) to `path` through a temporary name and a
+    rename: a symbolic link planted at `path` is replaced by the file, never
+    written through, and a reader never sees half a file."""
+    d = os.path.dirname(path) or "."
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError) and e.filename in (tmp, None):
+            e.filename, e.filename2 = path, None    # the file asked for, not the temporary
+        raise
+
+
+def open_append(path, truncate=False):
+    """A text file opened for appending (or truncated), never through a
+    symbolic link (O_NOFOLLOW: ELOOP names the link)."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (
+        os.O_TRUNC if truncate else os.O_APPEND)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link: ibtmpi does not write through "
+                                       "links in a run directory; remove it", path) from None
+        raise
+    return os.fdopen(fd, "w")
+
+
+# what a run directory holds that ibtmpi writes, looked at for links at start
+LINK_CHECKED_DIRS = ("checkpoints", ".ranks", "timeline")
+
+
+def planted_links(run_dir):
+    """Symbolic links where ibtmpi writes in run_dir: its entries, and
+    everything under checkpoints/, .ranks/ and timeline/ (the run directory
+    itself may be a link: a run kept on scratch)."""
+    out = []
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return out
+    for name in names:
+        p = os.path.join(run_dir, name)
+        if os.path.islink(p):
+            out.append(p)
+        elif name in LINK_CHECKED_DIRS and os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                out += [os.path.join(root, n) for n in sorted(dirs + files)
+                        if os.path.islink(os.path.join(root, n))]
+    return out
+
+
+def save_figure(fig, path, dpi=100):
+    """A matplotlib figure written like replace_file (never through a link)."""
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format=os.path.splitext(path)[1][1:] or "png", dpi=dpi)
+    replace_file(path, buf.getvalue())

@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from .fsutil import save_figure
 from .model import Model
 
 
@@ -294,7 +295,7 @@ def confusion_png(rep, path):
     ax.set_ylabel("true class")
     ax.set_title(f"accuracy {rep['accuracy']:.4f} (n = {rep['n']})")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -352,7 +353,7 @@ def timeline_png(run_dir, path, plt, blocks=3):
     ax.set_title(f"timeline, blocks {first}-{last} (all of it: {timeline.MERGED} "
                  f"in ui.perfetto.dev)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
@@ -382,7 +383,7 @@ def plot_run(run_dir, out_dir=None):
         if fig is not None:
             fig.tight_layout()
             files.append(os.path.join(out_dir, name))
-            fig.savefig(files[-1], dpi=100)
+            save_figure(fig, files[-1])
             plt.close(fig)
         if name == "memory.png":
             tl = timeline_png(run_dir, os.path.join(out_dir, "timeline.png"), plt)

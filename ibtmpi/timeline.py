@@ -75,7 +75,8 @@ class Timeline:
     def __init__(self, run_dir, segment, rank, title, lanes):
         os.makedirs(os.path.join(run_dir, DIR, segment), exist_ok=True)
         self.path = rank_file(run_dir, segment, rank)
-        self.f = open(self.path, "w")
+        from .fsutil import open_append
+        self.f = open_append(self.path, truncate=True)
         self.rank = rank
         self.off = time.time() - time.perf_counter()
         self.f.write("[\n")

@@ -21,6 +21,7 @@ import math
 import os
 import statistics
 
+from .fsutil import save_figure
 from .scaling import run_inputs, t_ar
 
 FRAC = 0.99
@@ -143,7 +144,7 @@ def plot(runs, out_dir):
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     path = os.path.join(out_dir, "t7_time_to_accuracy.png")
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
     return [path]
 

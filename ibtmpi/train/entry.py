@@ -236,8 +236,8 @@ def _keep_error(cfg, rank, msg):
     if cfg is None:
         return
     try:
-        with open(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), "w") as f:
-            f.write(msg + "\n")
+        from ..fsutil import replace_file
+        replace_file(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), msg + "\n")
     except OSError:
         pass
 
@@ -282,6 +282,15 @@ def _check_writable(run_dir, create=True):
     except OSError as e:
         raise ConfigError(f"run.dir {run_dir} is not writable ({e.strerror}); "
                           f"choose another with --set run.dir=DIR") from None
+    from ..fsutil import planted_links
+    links = planted_links(run_dir)
+    if links:
+        raise ConfigError(
+            f"run.dir {run_dir} holds symbolic link(s) where ibtmpi writes: "
+            + ", ".join(f"{os.path.relpath(p, run_dir)} -> {os.readlink(p)}"
+                        for p in links[:3]) + (f" and {len(links) - 3} more" if
+                                               len(links) > 3 else "")
+            + "; a run would write through them: remove them, or use another run.dir")
     return made
 
 

@@ -358,8 +358,9 @@ class Lifeline:
                 os.remove(self.base + ext)
             except FileNotFoundError:
                 pass
-        with open(self.base + ".json", "w") as f:
-            json.dump({"rank": rank, "host": host, "pid": os.getpid()}, f)
+        from ..fsutil import replace_file
+        replace_file(self.base + ".json", json.dumps({"rank": rank, "host": host,
+                                                      "pid": os.getpid()}))
         r, self.w = os.pipe()
         try:
             subprocess.Popen(["sh", "-c", WATCHER, "sh", self.base], stdin=r,

@@ -18,6 +18,7 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory, recipe, timeline
+from ..fsutil import open_append, replace_file
 from ..model import Model
 from ..monitor import (MasterLate, Progress, Starved, Stragglers,
                        master_late_recent, master_late_text, oversubscription_text,
@@ -205,11 +206,12 @@ class MasterReports:
         r = self.cfg["run"]
         from ..config import to_toml
         os.makedirs(r["dir"], exist_ok=True)
-        with open(os.path.join(r["dir"], "config.toml"), "w") as f:
-            f.write(to_toml(self.cfg))
+        # never through a link planted in the run directory (start-up refuses
+        # them; these writes cannot follow one made since)
+        replace_file(os.path.join(r["dir"], "config.toml"), to_toml(self.cfg))
         mpath = os.path.join(r["dir"], "metrics.jsonl")
         if start:
-            with open(mpath, "w") as f:
+            with open_append(mpath, truncate=True) as f:
                 f.writelines(json.dumps(x) + "\n" for x in self.history)
             self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
                      f"(block {start} of {self.total_blocks})")
@@ -221,7 +223,7 @@ class MasterReports:
         if self.deadline is not None:
             self.log(f"time limit {self.deadline.text()}: the run stops with a "
                      f"checkpoint before it (exit 75) and resumes when run again")
-        self.metrics_f = open(mpath, "a" if start else "w")
+        self.metrics_f = open_append(mpath, truncate=not start)
         self.log(f"{self.algo}: {self.n_workers} worker(s)"
                  f"{' (simulated)' if self.simulate else ''}, "
                  f"{self.sched.n} train images, split {self.sched.split_len(0, 0)}"
@@ -230,6 +232,11 @@ class MasterReports:
                  f"{self.total_blocks} blocks, model {self.P:,d} parameters")
         if self.recipe_set:
             self.log(recipe.describe(self.n_workers, self.recipe_set))
+        if self.ds.unchecked:
+            self.log(f"warning: {', '.join(self.ds.unchecked[:3])}"
+                     f"{' ...' if len(self.ds.unchecked) > 3 else ''} in {self.ds.path} have "
+                     f"no checksums: a damaged row would be read without an error "
+                     f"(re-create the data set with `ibtmpi prep` to add them)")
         if self.init_note and not start:
             self.log(f"model.init: {self.init_note}")
         if self.lr_at.describe():
@@ -349,8 +356,7 @@ class MasterReports:
                                             "reason": self.early[1]}
                 self.log(f"early stop (run.early_stop): {self.early[1]}; stopped after "
                          f"block {self.total_blocks - 1}")
-            with open(done, "w") as f:
-                json.dump(summary, f, indent=1)
+            replace_file(done, json.dumps(summary, indent=1))
             self.metrics_f.close()
             if "test_acc" in summary:
                 self.log(f"final test accuracy {summary['test_acc']:.4f} "

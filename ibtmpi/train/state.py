@@ -23,7 +23,7 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from ..config import (ConfigError, change_text, config_changes, config_diff, hashed_config,
-                      run_hash, tunable)
+                      legacy_hashes, tunable)
 from .lifecycle import agreed
 from .packet import FLAG_CKPT
 
@@ -77,6 +77,7 @@ class CheckpointState:
         # thread while the next block computes; joined before that block's
         # flags say whether this rank's file is complete
         arrays = {name: np.array(a, copy=True) for name, a in self._state_arrays().items()}
+        arrays["stamp"] = np.array(ckpt.stamp(self.run_id, k))   # whose file this is
         self.ckpt_write = ckpt.BackgroundWrite(self.run_dir, k, self.rank, arrays)
         self.pending_ckpt, self.pending_ok = k, True
 
@@ -109,7 +110,8 @@ class CheckpointState:
         world = 1 if self.simulate else mpi.world_size()
         ckpt.write_manifest(self.run_dir, k, {
             "config_hash": self.cfg_hash, "config": hashed_config(self.cfg),
-            "dataset": self.data_fp, "algorithm": self.algo,
+            "dataset": self.data_fp, "dataset_content": self.data_content,
+            "run_id": self.run_id, "algorithm": self.algo,
             "n_workers": self.n_workers, "world_size": world,
             "simulate": self.simulate, "files": [ckpt.rank_file(r) for r in range(world)],
             "blocks_per_pass": self.sched.blocks_per_pass,
@@ -140,6 +142,7 @@ class CheckpointState:
         forbids it (another configuration, worker count or dataset)."""
         mode = self.cfg["run"]["resume"]
         done = ckpt.complete(self.run_dir)
+        self.ckpt_ids = {}
         if not done:
             if mode == "always":
                 raise ckpt.CheckpointError(
@@ -151,7 +154,22 @@ class CheckpointState:
             raise ckpt.CheckpointError(
                 f"{self.run_dir} holds checkpoints (newest {where}); use another "
                 f"run.dir, or resume with run.resume=auto")
-        m = ckpt.read_manifest(self.run_dir, k)
+        # the newest manifest that reads decides; a damaged one before it is
+        # a candidate that fails on every rank (set aside, like a damaged
+        # rank file, and the previous checkpoint tried)
+        self.ckpt_ids, m = {}, None
+        for b in done[::-1]:
+            try:
+                mb = ckpt.read_manifest(self.run_dir, b)
+            except ckpt.DamagedCheckpoint as e:
+                self.ckpt_ids[b] = (False, str(e))
+                continue
+            self.ckpt_ids[b] = (True, mb.get("run_id"))
+            if m is None:
+                m, k, where = mb, b, ckpt.ckpt_dir(self.run_dir, b)
+        if m is None:
+            return done[::-1]
+        self.run_id = m.get("run_id") or self.run_id
         world = 1 if self.simulate else mpi.world_size()
         if m.get("n_workers") != self.n_workers or m.get("world_size") != world:
             raise ckpt.CheckpointError(
@@ -162,7 +180,8 @@ class CheckpointState:
                 f"count, or start a new run from this one's model: another run.dir "
                 f"and --set model.init={self.run_dir}")
         self.resume_changes = []
-        if m.get("config_hash") not in (self.cfg_hash, run_hash(self.cfg, legacy=True)):
+        if m.get("config_hash") != self.cfg_hash and m.get("config_hash") not in legacy_hashes(
+                self.cfg):
             changes = (config_changes(m["config"], hashed_config(self.cfg))
                        if isinstance(m.get("config"), dict) else None)
             if changes and all(tunable(c[0]) for c in changes):
@@ -183,6 +202,12 @@ class CheckpointState:
                 f"{where} was written for another dataset: "
                 f"{self.ds.path}/dataset.json differs from the one the run started "
                 f"with (regenerated or replaced?); use another run.dir to start fresh")
+        if m.get("dataset_content", self.data_content) != self.data_content:
+            raise ckpt.CheckpointError(
+                f"{where} was written for other data: the shards in {self.ds.path} "
+                f"hold other images or labels than when the run started (a shard "
+                f"replaced or regenerated; dataset.json alone is unchanged); restore "
+                f"them, or use another run.dir to start fresh")
         return done[::-1]
 
     def _restore(self, dry=False):
@@ -201,21 +226,26 @@ class CheckpointState:
             if self.is_master:
                 try:
                     res = ("ok", self._resume_candidates(), self.resume_changes,
-                           self.changed_before)
+                           self.changed_before, self.ckpt_ids, self.run_id)
                 except ckpt.CheckpointError as e:
                     res = ("error", str(e))
             res = mpi.bcast(res)
             if res[0] == "error":
                 raise agreed(ckpt.CheckpointError(res[1]))
-            cands, self.resume_changes, self.changed_before = res[1:]
+            (cands, self.resume_changes, self.changed_before, self.ckpt_ids,
+             self.run_id) = res[1:]
         errs = []
         for k in cands:
             err = None
+            readable, run_id = self.ckpt_ids.get(k, (True, None))
             try:
-                self._load_state(k)
+                if not readable:                       # its manifest (the master's view)
+                    raise ckpt.CheckpointError(run_id)
+                self._load_state(k, run_id)
             except ckpt.CheckpointError as e:
-                err = f"rank {self.rank}: {e}"
+                err = f"rank {self.rank}: {e}" if readable else str(e)
             errs = [e for e in (mpi.allgather(err) if dist else [err]) if e]
+            errs = list(dict.fromkeys(errs))          # a bad manifest: once, not per rank
             if not errs:
                 self._apply_changes(k + 1, dry)
                 return k + 1
@@ -322,9 +352,19 @@ class CheckpointState:
                     f"name the wrong classes")
         return None
 
-    def _load_state(self, k):
-        """This rank's state from checkpoint k (CheckpointError if unreadable)."""
+    def _load_state(self, k, run_id=None):
+        """This rank's state from checkpoint k (CheckpointError if unreadable,
+        or where run_id, the manifest's, is not the one the files carry)."""
         where = ckpt.ckpt_dir(self.run_dir, k)
+        if run_id is not None:
+            want = ckpt.stamp(run_id, k)
+            for r in sorted({0, self.rank}):
+                path = os.path.join(where, ckpt.rank_file(r))
+                got = str(ckpt.read_rank(path, {"stamp": ((), "text")})["stamp"])
+                if got != want:
+                    raise ckpt.CheckpointError(
+                        f"{path} belongs to another checkpoint (it says {got!r}, the "
+                        f"manifest {want!r}: copied in from another run or block?)")
         if self.cons is not None:
             self.cons.load(ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)),
                                           self.cons.state_spec()), self._put)

@@ -136,6 +136,12 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.run_dir = r["dir"]
         self.cfg_hash = run_hash(cfg)
         self.data_fp = digest(self.ds.meta)   # what the data is, wherever it lives
+        # the master's: what the shards hold (sampled rows), which a resume checks
+        self.data_content = self.ds.content_digest() if self.is_master else None
+        # whose checkpoints these are (the manifests and every rank file carry
+        # it): the master's, a fresh one or the resumed run's, sent with the
+        # resume candidates
+        self.run_id = ckpt.new_run_id() if self.is_master else None
         self.faults = Faults()
 
     def _roles(self, simulate):

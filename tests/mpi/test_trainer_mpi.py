@@ -183,6 +183,42 @@ def test_a_checkpoint_damaged_on_one_worker_falls_back_on_every_rank(dataset):
     assert t.z.tobytes() == straight.z.tobytes()
 
 
+@pytest.mark.parametrize("damage", ["foreign-rank-file", "manifest"])
+def test_a_foreign_rank_file_or_bad_manifest_falls_back_on_every_rank(dataset, damage):
+    """Rank 0 reads the manifests and sends each candidate's run id: a worker's
+    file copied in from another run (same shapes) and a damaged manifest are
+    both set aside on every rank, and the previous checkpoint resumes."""
+    from ibtmpi import checkpoint as ckpt
+    extra = ("run.checkpoint_every=1",)
+    straight = Trainer(make_cfg(dataset, "admm", extra=extra), log=lambda m: None)
+    straight.run()
+    first = make_cfg(dataset, "admm", extra=extra + ("run.passes=0.5",))
+    Trainer(first, log=lambda m: None).run()
+    other = make_cfg(dataset, "admm", extra=extra + ("run.passes=0.5",))
+    Trainer(other, log=lambda m: None).run()
+    run = first["run"]["dir"]
+    W.Barrier()
+    if W.Get_rank() == 0:
+        newest = ckpt.complete(run)[-1]
+        where = ckpt.ckpt_dir(run, newest)
+        if damage == "manifest":
+            with open(os.path.join(where, "manifest.json"), "r+b") as f:
+                f.truncate(30)
+        else:
+            shutil.copy(os.path.join(ckpt.ckpt_dir(other["run"]["dir"], newest),
+                                     ckpt.rank_file(1)), os.path.join(where, ckpt.rank_file(1)))
+    W.Barrier()
+    logs = []
+    t = Trainer(make_cfg(dataset, "admm", extra=extra + (f"run.dir={run}",)), log=logs.append)
+    t.run()
+    if W.Get_rank() == 0:
+        want = ("manifest.json: cannot be read" if damage == "manifest"
+                else "(rank 1: " + os.path.join(where, ckpt.rank_file(1))
+                + " belongs to another checkpoint")
+        assert any(want in m and "set aside" in m for m in logs), logs
+    assert t.z.tobytes() == straight.z.tobytes()
+
+
 def test_init_from_a_model_under_mpi_matches_its_simulation(dataset):
     """model.init under MPI: every rank starts from the file, the run ends
     where its simulation ends; a path that one rank cannot read stops every

@@ -140,12 +140,14 @@ def test_resume_follows_the_data_not_its_path(small_dataset, tmp_path, monkeypat
         Trainer(c, log=lambda m: None).run()
 
 
-def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path):
+@pytest.mark.parametrize("era", ["before-cuda-aware", "cuda-aware-hashed"])
+def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path, era):
     """Manifests written before data.path left the digest (and before the
     cuda_aware, progress_s, time_limit, profile, keep_best, early_stop, eval_device,
     master_device, model.init and learning-rate
     schedule keys existed) carry the legacy
-    digest and no dataset entry."""
+    digest and no dataset entry; those between run.cuda_aware's arrival and
+    its move out of the digest hashed it too (at "auto")."""
     import copy
     from ibtmpi.config import digest
     c = cfg(small_dataset, tmp_path / "r", "admm")
@@ -157,6 +159,8 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path)
                 "early_stop", "early_stop_delta", "timeline", "eval_device",
                 "master_device", "gpu_math", "cuda_graphs"):
         old["run"].pop(key)
+    if era == "cuda-aware-hashed":
+        old["run"]["cuda_aware"] = "auto"
     old["model"].pop("init")          # nor model.init
     old["algorithm"].pop("recipe")    # nor algorithm.recipe (never hashed)
     for sec, keys in ADDED_KEYS.items():   # nor the learning-rate schedule, optim.name,
@@ -189,6 +193,63 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(small_dataset, t
     assert t.z.tobytes() == ref.z.tobytes()
     lines = [json.loads(l) for l in open(tmp_path / "b" / "metrics.jsonl")]
     assert [l["block"] for l in lines] == list(range(ref.total_blocks))
+
+
+def test_a_rank_file_from_another_run_or_block_is_set_aside(small_dataset, tmp_path,
+                                                           monkeypatch):
+    """The manifest names the run; every rank file carries it with its
+    block: a file copied in (same shapes, a valid zip) is refused as
+    foreign, set aside, and the previous checkpoint resumes exactly."""
+    import shutil
+    ref = _interrupted(small_dataset, tmp_path, monkeypatch, "ibt")
+    run = str(tmp_path / "b")
+    Trainer(cfg(small_dataset, tmp_path / "c", "ibt",
+                **{"run.passes": 1.2}), log=lambda m: None).run()    # another run
+    other = ckpt.ckpt_dir(str(tmp_path / "c"), 3)
+    shutil.copy(os.path.join(other, ckpt.rank_file(0)),
+                os.path.join(ckpt.ckpt_dir(run, 3), ckpt.rank_file(0)))
+    logs = []
+    t = Trainer(cfg(small_dataset, tmp_path / "b", "ibt"), log=logs.append)
+    t.run()
+    assert any("belongs to another checkpoint" in m and "copied in from another run" in m
+               and "set aside" in m for m in logs), logs
+    assert any("resuming from" in m and "ckpt-00000001" in m for m in logs)
+    assert t.z.tobytes() == ref.z.tobytes()
+    # the same run's file of an earlier block is foreign to a later one too
+    run2 = str(tmp_path / "b2")
+    _ = Trainer(cfg(small_dataset, run2, "ibt", **{"run.checkpoint_every": 1}),
+                log=lambda m: None).run()
+    k1, k2 = ckpt.complete(run2)[-2:]
+    shutil.copy(os.path.join(ckpt.ckpt_dir(run2, k1), ckpt.rank_file(0)),
+                os.path.join(ckpt.ckpt_dir(run2, k2), ckpt.rank_file(0)))
+    logs = []
+    Trainer(cfg(small_dataset, run2, "ibt", **{"run.passes": 3, "run.checkpoint_every": 1}),
+            log=logs.append).run()
+    assert any(f"/{k1}'" in m and f"/{k2}'" in m and "set aside" in m for m in logs), logs
+
+
+def test_a_damaged_manifest_falls_back_to_the_previous(small_dataset, tmp_path, monkeypatch):
+    ref = _interrupted(small_dataset, tmp_path, monkeypatch, "ibt")
+    run = str(tmp_path / "b")
+    with open(os.path.join(ckpt.ckpt_dir(run, 3), "manifest.json"), "r+b") as f:
+        f.truncate(40)                               # storage damage
+    logs = []
+    t = Trainer(cfg(small_dataset, tmp_path / "b", "ibt"), log=logs.append)
+    t.run()
+    assert any("manifest.json: cannot be read" in m and "set aside" in m for m in logs), logs
+    assert any("resuming from" in m and "ckpt-00000001" in m for m in logs)
+    assert t.z.tobytes() == ref.z.tobytes()
+
+
+def test_a_manifest_of_another_version_says_so(tmp_path):
+    d = ckpt.ckpt_dir(str(tmp_path), 3)
+    os.makedirs(d)
+    with open(os.path.join(d, "manifest.json"), "w") as f:
+        json.dump({"format": ckpt.FORMAT, "version": 0}, f)
+    with pytest.raises(ckpt.CheckpointError, match="manifest version 0; this ibtmpi reads "
+                                                   "version 1") as e:
+        ckpt.read_manifest(str(tmp_path), 3)
+    assert not isinstance(e.value, ckpt.DamagedCheckpoint)     # refused, not set aside
 
 
 def test_a_failed_write_leaves_no_partial_file_and_names_the_file(tmp_path, monkeypatch):

@@ -17,6 +17,14 @@ died) is taken over when it is provably stale:
 - its heartbeat is older than STALE_S (a holder on another host that
   stopped refreshing it).
 Otherwise the run stops at once with a message naming the holder.
+
+Taking over is a lock of its own: RUN/.lock.break, created with O_EXCL.
+Only its holder may replace the stale lock, and only after reading again
+that it is still the one it judged stale; every other starter waits and
+judges again (then finds the new, live holder). Without it two starters
+that both judged the same dead lock stale would both replace it and both
+read back their own token in turn. A breaker left by a starter that died
+in those microseconds expires after BREAK_STALE_S.
 """
 import json
 import os
@@ -30,6 +38,8 @@ from .checkpoint import CheckpointError
 NAME = ".lock"
 HEARTBEAT_S = 60.0      # the holder refreshes the lock's mtime this often
 STALE_S = 600.0         # no refresh for this long: the holder is gone
+BREAK_STALE_S = 10.0    # a take-over lock this old was left by a dead starter
+ACQUIRE_S = 30.0        # how long a starter keeps trying while others race it
 
 
 class RunDirBusy(CheckpointError):
@@ -123,26 +133,29 @@ class RunLock:
         return why
 
     def acquire(self):
+        import random
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        for _ in range(3):                   # lost races with another taker: retry
+        give_up = time.monotonic() + ACQUIRE_S
+        while True:
             try:
                 self._create()
                 break
             except FileExistsError:
                 pass
             try:
-                why = self.verdict()
+                holder, age, why = self.inspect()
             except FileNotFoundError:
                 continue                     # released meanwhile
-            tmp = f"{self.path}.{self.me['token']}"
-            with open(tmp, "w") as f:
-                json.dump(self.me, f)
-            os.replace(tmp, self.path)       # take it over
-            self.took_over = why
-            break
-        else:
-            raise RunDirBusy(f"could not take {self.path}: other runs keep creating it")
-        try:                                 # a taker that raced us wins: say so
+            if why is None:
+                raise RunDirBusy(self._busy_message(holder, age))
+            if self._take_over(holder):
+                self.took_over = why
+                break
+            if time.monotonic() > give_up:
+                raise RunDirBusy(f"could not take {self.path}: other runs keep taking "
+                                 f"it over (or {self.path}.break is left behind)")
+            time.sleep(0.02 + 0.05 * random.random())   # another starter is at it
+        try:                                 # whoever holds it now: say so if not us
             holder, _ = self._read()
         except FileNotFoundError:
             holder = {}
@@ -152,6 +165,38 @@ class RunLock:
                                         daemon=True)
         self._thread.start()
         return self
+
+    def _take_over(self, stale):
+        """Replace the lock judged stale (holder dict `stale`) with ours,
+        holding the take-over lock; False where another starter holds that,
+        or the lock is no longer the stale one (judge again)."""
+        brk = self.path + ".break"
+        try:
+            os.close(os.open(brk, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            try:
+                if time.time() - os.stat(brk).st_mtime > BREAK_STALE_S:
+                    os.remove(brk)           # its starter died while taking over
+            except FileNotFoundError:
+                pass
+            return False
+        try:
+            try:
+                now, _ = self._read()
+            except FileNotFoundError:
+                return False                 # released: create it afresh
+            if now != stale:
+                return False                 # taken over already: judge the new one
+            tmp = f"{self.path}.{self.me['token']}"
+            with open(tmp, "w") as f:
+                json.dump(self.me, f)
+            os.replace(tmp, self.path)
+            return True
+        finally:
+            try:
+                os.remove(brk)
+            except FileNotFoundError:
+                pass
 
     def _beat(self):
         while not self._stop.wait(HEARTBEAT_S):

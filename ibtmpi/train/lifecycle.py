@@ -119,6 +119,17 @@ def process_age_s():
         return time.time() - IMPORTED_AT
 
 
+WORKER_STAGGER_S = 3.0     # workers after rank 1 fire this much later (one line a job)
+
+
+def worker_limit(limit):
+    """How long a worker waits in a block's Allreduce before it ends the job
+    itself (the master stopped or lost): past the master's own watchdog for
+    the same block (limit, plus its grace), so a stuck worker is still the
+    master's to name."""
+    return limit + max(15.0, 0.25 * limit)
+
+
 def watchdog_limit(setting, k, start, slowest):
     """Seconds block k may take under run.watchdog_s = setting (None: no
     limit; the same on every rank: workers send arrivals when not None)."""

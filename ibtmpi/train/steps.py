@@ -25,8 +25,9 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory
-from .lifecycle import (WATCHDOG_FACTOR, WATCHDOG_FLOOR_S, WATCHDOG_GRACE_S, Alarm,
-                        Diverged, WatchdogTimeout, stuck_ranks, watchdog_limit)
+from .lifecycle import (WATCHDOG_FACTOR, WATCHDOG_FLOOR_S, WATCHDOG_GRACE_S, WORKER_STAGGER_S,
+                        Alarm, Diverged, WatchdogTimeout, stuck_ranks, watchdog_limit,
+                        worker_limit)
 from .packet import FLAG_CKPT, FLAG_EARLY, FLAG_NONFINITE, FLAG_STOP
 
 
@@ -215,9 +216,21 @@ class BlockSteps:
             finally:
                 self.alarm.disarm()
         else:
-            req, _buf = mpi.send_arrival(k)
-            mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap, last=last)
-            mpi.wait_all([req])
+            # the master's watchdog names a stuck worker; a stuck master (or
+            # a node lost under it) is the workers' to find: a timer thread,
+            # as the master's, later than the master's would fire, so where
+            # the master is alive it speaks first. Rank 1 fires first and
+            # the others a little later: one line for the job.
+            if self.alarm is None:
+                self.alarm = Alarm()
+            wait = worker_limit(limit) + (0 if self.rank == 1 else WORKER_STAGGER_S)
+            self.alarm.arm(wait, self._master_lost, k, wait)
+            try:
+                req, _buf = mpi.send_arrival(k)
+                mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap, last=last)
+                mpi.wait_all([req])
+            finally:
+                self.alarm.disarm()
 
     def _diverged(self, k, what, ranks):
         """Diverged for block k: what happened, which ranks, whether a good
@@ -253,6 +266,27 @@ class BlockSteps:
         """'; rank 2 (worker 1) is stopped' for this node's ranks /proc knows."""
         stuck = stuck_ranks(getattr(self, "placement", None))
         return "".join(f"; rank {r} (worker {r - 1}) is {what}" for r, what in stuck.items())
+
+    def _master_lost(self, k, waited):
+        """Worker, timer thread: block k's Allreduce has not completed in
+        `waited` seconds and the master's watchdog has not ended the job:
+        the master is stopped, hung or lost. One line (kept for `ibtmpi
+        status`), and the job is aborted (exit 1)."""
+        from .entry import _keep_error
+        stuck = stuck_ranks(getattr(self, "placement", None))
+        said = (f"rank 0 (the master) is {stuck[0]}" if 0 in stuck else
+                "the master (rank 0) did not end it: stopped, hung or its node lost")
+        msg = (f"[rank {self.rank}] ibtmpi train: hung rank: block {k} waited {waited:.0f} s "
+               f"for its Allreduce; {said}"
+               + "".join(f"; rank {r} (worker {r - 1}) is {w}" for r, w in stuck.items() if r)
+               + ". The job is aborted; complete checkpoints are kept (rerun to resume); "
+                 "run.watchdog_s sets the limit (0: off)")
+        print(msg, file=sys.stderr, flush=True)
+        _keep_error(self.cfg, self.rank, msg)
+        try:
+            mpi.abort(1)
+        finally:
+            os._exit(1)
 
     def _hung_in_allreduce(self, k, why):
         """Master, timer thread: every rank arrived but the block's Allreduce

@@ -1,0 +1,49 @@
+"""No rank hangs when another stops: a master stopped mid-run (SIGSTOP)
+is found by the workers' own deadline, the job ends with one line and exit
+1, and `ibtmpi status` says why; a stopped worker stays the master's to
+name (tests/unit/test_hardening2.py)."""
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import IBTMPI, MPIEXEC, mpiexec, rank_pid, train_args
+
+pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
+
+
+def test_a_stopped_master_is_found_by_the_workers(small_dataset, tmp_path):
+    run = tmp_path / "run"
+    p = subprocess.Popen(
+        mpiexec(3) + IBTMPI + ["train"] + train_args(
+            small_dataset, run, passes=400, **{"run.quiet": "false", "run.progress_s": 0}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, IBTMPI_WATCHDOG_FLOOR_S="3"))
+    for line in p.stdout:
+        if line.startswith("placement:"):
+            break
+    time.sleep(1.0)
+    master = rank_pid(run, 0)
+    assert master, "rank 0 not found"
+    t0 = time.time()
+    os.kill(master, signal.SIGSTOP)
+    try:
+        out, err = p.communicate(timeout=90)
+    finally:
+        try:
+            os.kill(master, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    took = time.time() - t0
+    assert p.returncode == 1, err[-2000:]
+    assert took < 40, took                  # 3 s floor + 15 s margin, not forever
+    said = [x for x in err.splitlines() if "hung rank" in x]
+    assert len(said) == 1, err[-2000:]     # one line for the job, from rank 1
+    assert said[0].startswith("[rank 1] ibtmpi train: hung rank: block "), said
+    assert "rank 0 (the master) is stopped" in said[0], said
+    assert "Traceback" not in err
+    st = subprocess.run(IBTMPI + ["status", str(run)], capture_output=True, text=True,
+                        timeout=60).stdout
+    assert "hung rank" in st and "rank 0 (the master) is stopped" in st, st

@@ -69,10 +69,24 @@ def tifffile():
     return tf
 
 
+MAX_PIXELS = 50_000_000     # per image: a bigger one is a scene to tile, or a bomb
+
+
+def check_pixels(path, h, w, itemsize=1, bands=3):
+    """ValueError where one image is larger than ibtmpi reads (MAX_PIXELS),
+    from its header, before anything is decoded: a 450 KB PNG of
+    12000x12000 decodes to 430 MB and took 1.2 GB to resize."""
+    if h * w > MAX_PIXELS:
+        raise ValueError(f"{w}x{h} pixels ({h * w / 1e6:.0f} MP) is more than the "
+                         f"{MAX_PIXELS / 1e6:.0f} MP ibtmpi reads in one image (a whole "
+                         f"scene, or a decompression bomb): cut it into tiles first")
+
+
 def load_image(path, size):
     """uint8 (size, size, 3) RGB; raises on unreadable files."""
     from PIL import Image
     with Image.open(path) as im:
+        check_pixels(path, im.size[1], im.size[0])
         im.load()
         if im.mode in ("RGBA", "LA", "P"):
             im = im.convert("RGBA")
@@ -116,6 +130,9 @@ def read_tiff(path):
     """(H, W, C) array in the file's own dtype."""
     with tifffile().TiffFile(path) as t:
         s = t.series[0]
+        ax = _tiff_layout(path, s.shape, s.axes)
+        hw = [n for i, n in enumerate(s.shape) if i != ax][:2] if ax is not None else s.shape
+        check_pixels(path, int(hw[0]), int(hw[1]))
         arr = s.asarray()
         ax = _tiff_layout(path, arr.shape, s.axes)
     if arr.dtype.kind not in "uifb":

@@ -29,7 +29,7 @@ import time
 
 from . import launcher
 from .consensus import ALGORITHMS
-from .fsutil import save_figure
+from .fsutil import read_jsonl, save_figure
 from .monitor import STARVED_SHARE, starved_workers
 from .tta import how_timed, plot as tta_plot, table as tta_table, timing
 
@@ -156,12 +156,7 @@ def load_run(d):
         return None
     s = json.load(open(sp))
     cfg = load(os.path.join(d, "config.toml"))
-    lines = []
-    for line in open(os.path.join(d, "metrics.jsonl")):
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            break
+    lines = read_jsonl(os.path.join(d, "metrics.jsonl"))
     passes = s["passes"]
     # Horovod-style training throughput per worker: a worker's samples over
     # its compute seconds, per block after 2 warm-up blocks

@@ -346,6 +346,9 @@ def cmd_predict(args):
         raise UsageError(f"model input {h}x{w} is not square; predict resizes to squares")
     imgs, ok, errors = [], [], []
     for f in files:
+        if os.path.exists(f) and not os.path.isfile(f):    # a FIFO would block the read
+            errors.append((f, "not a regular file (a FIFO, device or socket)"))
+            continue
         try:
             imgs.append(load_stored(f, h, c, pre))
             ok.append(f)
@@ -376,6 +379,10 @@ def cmd_predict(args):
         print(text)
     if not rows:
         print("ibtmpi predict: error: no image could be read", file=sys.stderr)
+        return 2
+    if errors:                  # the others' predictions are written; the exit says so
+        print(f"ibtmpi predict: error: {len(errors)} of {len(files)} file(s) could not be "
+              f"read (above); the other {len(rows)} are predicted", file=sys.stderr)
         return 2
     return 0
 

@@ -309,6 +309,9 @@ def validate(cfg):
         (not (d["split_size"] and d["block_size"]),
          "give data.split_size or data.block_size, not both"),
         (d["cache"] in ("auto", "memory", "disk"), "data.cache must be auto, memory or disk"),
+        (0 <= d["seed"] < 2**32, f"data.seed must be in 0 .. 2**32 - 1, got {d['seed']}"),
+        (0 <= cfg["model"]["seed"] < 2**32,
+         f"model.seed must be in 0 .. 2**32 - 1, got {cfg['model']['seed']}"),
         (a["name"] in ALGORITHMS,
          f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {a['name']!r}"
          + _suggest(a["name"], list(ALGORITHMS))),

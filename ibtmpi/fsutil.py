@@ -44,6 +44,30 @@ def fsync_dir(path):
         pass
 
 
+def read_jsonl(path):
+    """The records (JSON objects) of a JSON-lines file such as metrics.jsonl,
+    up to its first line that is not one: a torn last line, bytes that are
+    not UTF-8, anything but an object. [] where the file cannot be read.
+    Every reader of a run's metrics goes through here (status, plot, bench,
+    a resume), so a damaged file is read as far as it is whole, never a
+    traceback."""
+    import json
+    recs = []
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                try:
+                    rec = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, ValueError):
+                    break
+                if not isinstance(rec, dict):
+                    break
+                recs.append(rec)
+    except OSError:
+        pass
+    return recs
+
+
 def replace_file(path, data):
     """Write `data` (str or bytes) to `path` through a temporary name and a
     rename: a symbolic link planted at `path` is replaced by the file, never

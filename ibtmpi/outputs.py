@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from .fsutil import save_figure
+from .fsutil import read_jsonl, save_figure
 from .model import Model
 
 
@@ -64,6 +64,18 @@ class Trained:
             raise TrainedModelError(
                 f"{source}: parameters are {z.dtype}{list(z.shape)}, the model needs "
                 f"float32[{self.model.size}] (incompatible checkpoint)")
+        bad = int(np.count_nonzero(~np.isfinite(z)))
+        if bad:
+            raise TrainedModelError(
+                f"{source}: {bad:,d} of {z.size:,d} parameters are not finite (NaN or "
+                f"inf: the model of a run that diverged?); it cannot predict anything")
+        c = int(input_shape[0])
+        if (self.mean.shape != (c,) or self.std.shape != (c,)
+                or not (np.isfinite(self.mean).all() and np.isfinite(self.std).all())
+                or (self.std <= 0).any()):
+            raise TrainedModelError(
+                f"{source}: its input normalisation is mean {self.mean.tolist()}, std "
+                f"{self.std.tolist()}; it needs {c} finite values each, std > 0")
         self.model.params[...] = z if ops is None else ops.asarray(z)
         nb = self.model.n_buffers
         if nb:
@@ -72,6 +84,10 @@ class Trained:
                 raise TrainedModelError(
                     f"{source}: the model's layers need float32[{nb}] buffers (BatchNorm's "
                     f"running statistics), the file has {got}")
+            if not np.isfinite(buffers).all():
+                raise TrainedModelError(
+                    f"{source}: its BatchNorm running statistics are not finite (NaN or "
+                    f"inf: the model of a run that diverged?)")
             self.model.load_buffers(buffers)
 
     def to_device(self, ops):
@@ -364,12 +380,7 @@ def plot_run(run_dir, out_dir=None):
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isfile(path):
         raise TrainedModelError(f"{path} missing: not a run directory")
-    recs = []
-    for line in open(path):
-        try:
-            recs.append(json.loads(line))
-        except ValueError:
-            break
+    recs = read_jsonl(path)
     if not recs:
         raise TrainedModelError(f"{path} is empty: the run did not finish a block")
     out_dir = out_dir or os.path.join(run_dir, "plots")

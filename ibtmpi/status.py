@@ -19,17 +19,8 @@ from .monitor import (STARVED_SHARE, eval_rank, hms, master_late_recent, master_
 
 
 def _metrics(run_dir):
-    recs = []
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            for line in f:
-                try:
-                    recs.append(json.loads(line))
-                except ValueError:
-                    break                      # a torn last line
-    except OSError:
-        pass
-    return recs
+    from .fsutil import read_jsonl
+    return read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
 
 
 def straggler(recs, window=20, share=0.8):

@@ -18,7 +18,7 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory, recipe, timeline
-from ..fsutil import open_append, replace_file
+from ..fsutil import open_append, read_jsonl, replace_file
 from ..model import Model
 from ..monitor import (MasterLate, Progress, Starved, Stragglers,
                        master_late_recent, master_late_text, oversubscription_text,
@@ -188,15 +188,7 @@ class MasterReports:
         checkpoint covers, and from them the best evaluation so far and any
         early stop, as the first attempt saw them."""
         mpath = os.path.join(self.run_dir, "metrics.jsonl")
-        kept = []
-        if os.path.exists(mpath):
-            for line in open(mpath):
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    break              # a torn last line
-                if rec.get("block", -1) < start:
-                    kept.append(rec)
+        kept = [rec for rec in read_jsonl(mpath) if rec.get("block", -1) < start]
         self.history = kept
         for rec in kept:
             if "val_acc" in rec:

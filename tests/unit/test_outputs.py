@@ -110,7 +110,8 @@ def test_predict_uses_training_preprocessing(run_dir, small_dataset, tmp_path, c
     Image.fromarray(x[0][:, :, 0], "L").save(d / "grey.png")        # converted to RGB
     (d / "broken.jpg").write_bytes(b"not an image")
     out = tmp_path / "p.json"
-    assert main(["predict", run_dir, str(d), "--format", "json", "--out", str(out)]) == 0
+    # one file unreadable: the others are predicted and written, the exit is 2
+    assert main(["predict", run_dir, str(d), "--format", "json", "--out", str(out)]) == 2
     res = json.load(open(out))
     assert [e["file"].endswith("broken.jpg") for e in res["errors"]] == [True]
     got = {os.path.basename(r["file"]): r for r in res["predictions"]}
@@ -120,7 +121,8 @@ def test_predict_uses_training_preprocessing(run_dir, small_dataset, tmp_path, c
         p = np.array([got[f"{i}.png"][f"p_{c}"] for c in tm.classes])
         np.testing.assert_allclose(p, ref[i], atol=1e-6)
         assert got[f"{i}.png"]["class"] == tm.classes[int(ref[i].argmax())]
-    assert "cannot read" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot read" in err and "1 of 7 file(s) could not be read" in err, err
     # csv on stdout
     assert main(["predict", run_dir, str(d / "0.png")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

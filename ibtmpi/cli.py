@@ -523,7 +523,8 @@ def main(argv=None):
         comm = sys.modules.get(__package__ + ".comm")
         if comm is None or not isinstance(e, comm.MPIUnavailable):
             raise
-        print(f"ibtmpi {args.command}: error: {e}", file=sys.stderr)
+        if comm.launcher_rank() == 0:    # every rank has it: one line for the job
+            print(f"ibtmpi {args.command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:            # e.g. `ibtmpi evaluate ... | head`
         import os

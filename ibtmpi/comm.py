@@ -56,6 +56,16 @@ class _SerialComm:
         os._exit(code)
 
 
+def launcher_rank():
+    """This process's rank as its launcher set it in the environment (0
+    where none did): who speaks for the job when there is no MPI to ask."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
+        v = os.environ.get(var, "")
+        if v.isdigit():
+            return int(v)
+    return 0
+
+
 def _serial():
     for var in _LAUNCHER_SIZE:
         v = os.environ.get(var, "")
@@ -268,7 +278,21 @@ def _before_abort():
 
 
 def abort(code=1, comm=None):
+    """End the job from this rank. Its own line is printed before: the
+    library's `Abort(code) on node ...` banner after it would be a second
+    line a rank, so this rank's stderr goes to /dev/null first (the
+    launcher's own messages are its process's, not this one's)."""
+    import sys
     _before_abort()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    except OSError:
+        pass
     (comm or world()).Abort(code)
 
 

@@ -154,8 +154,11 @@ def _suggest(word, options):
     alias = SYNONYMS.get(norm)
     if alias in options:
         return f" (did you mean {alias!r}?)"
-    m = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f" (did you mean {m[0]!r}?)" if m else ""
+    # near a key, or near another program's name for one (learning_rat:
+    # learning_rate, which is lr here)
+    names = list(options) + [w for w, k in SYNONYMS.items() if k in options]
+    m = difflib.get_close_matches(norm, names, n=1, cutoff=0.6)
+    return f" (did you mean {SYNONYMS.get(m[0], m[0])!r}?)" if m else ""
 
 
 def _coerce(section, key, value):

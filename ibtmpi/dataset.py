@@ -55,6 +55,20 @@ def _h5_reason(e):
     return " ".join(str(e).split()) or type(e).__name__
 
 
+def _nearby(path):
+    """' (did you mean D?)' for a data set directory next to a path that is
+    not there (a typo, or the name of one of its files), else ''."""
+    import difflib
+    parent, name = os.path.split(path.rstrip("/"))
+    try:
+        names = [n for n in os.listdir(parent or ".")
+                 if os.path.isfile(os.path.join(parent, n, "dataset.json"))]
+    except OSError:
+        return ""
+    m = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f" (did you mean {os.path.join(parent, m[0])}?)" if m else ""
+
+
 class SplitReader:
     """The files of one split viewed as one global row index space."""
 
@@ -174,8 +188,9 @@ class Dataset:
     def __init__(self, path):
         self.path = os.path.abspath(path)
         if not os.path.exists(self.path):
-            raise DatasetError(f"dataset directory {path} does not exist; "
-                               f"create one with `ibtmpi prep synth {path}`")
+            raise DatasetError(f"dataset directory {path} does not exist"
+                               f"{_nearby(self.path)}; create one with `ibtmpi prep "
+                               f"synth {path}`")
         if not os.path.isdir(self.path):
             raise DatasetError(f"{path} is not a directory (a dataset is a "
                                f"directory with dataset.json and .h5 files)")

@@ -77,3 +77,30 @@ def srun_mpi_plugin(kind):
     and later are built with PMIx), pmi2 for Hydra's MPIs and otherwise
     (the PyPI MPICH wheel; stock Debian Slurm has pmi2 but may lack PMIx)."""
     return "pmix" if kind == "openmpi" else "pmi2"
+
+
+def _as_typed(path, name):
+    """`name` where it is on PATH and is `path`; else `path` itself."""
+    on_path = shutil.which(name)
+    if on_path and os.path.realpath(on_path) == os.path.realpath(path):
+        return name
+    return path
+
+
+def rerun_prefix(world):
+    """How to start this same command again, as a user can paste it: the
+    launcher (where world > 1) and the ibtmpi program, each by name where
+    PATH finds the one that runs now, else by its path (a venv that is not
+    activated: `.venv/bin/mpiexec ... .venv/bin/ibtmpi`)."""
+    prog = sys.argv[0] if sys.argv and sys.argv[0] else "ibtmpi"
+    if os.path.basename(prog) == "__main__.py":         # python -m ibtmpi
+        out = [_as_typed(sys.executable, "python3"), "-m", "ibtmpi"]
+    else:
+        out = [_as_typed(prog, "ibtmpi")]
+    if world > 1:
+        try:
+            launcher = find_mpiexec()
+        except LauncherError:
+            launcher = "mpiexec"
+        out = [_as_typed(launcher, "mpiexec"), "-n", str(world)] + out
+    return out

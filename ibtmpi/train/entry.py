@@ -186,7 +186,7 @@ def _train(st, size, rank, log):
                     f"data set is whole", 2, size, rank, every_rank=True)
     except OSError as e:
         if is_storage_error(e):          # disk full, quota, read-only: say so in one line
-            where = f" {e.filename}" if e.filename else ""
+            where = f" {e.filename}" if e.filename else f" a file in {trainer.run_dir}"
             return fail(f"[rank {rank}] ibtmpi train: error: cannot write{where}: "
                         f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
                         f"Complete checkpoints are kept: free space (or fix the file "
@@ -249,7 +249,7 @@ def _crash(trainer, cfg, size, rank):
     msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
            f"{trainer.phase}:\n" + traceback.format_exc())
     _keep_error(cfg, rank, msg.rstrip("\n"))
-    return fail(msg, 1, size, rank, every_rank=True)
+    return fail(msg, 1, size, rank, every_rank=True, one_line=False)
 
 
 def _check_writable(run_dir, create=True):
@@ -305,9 +305,19 @@ def _remove_empty(dirs):
             pass
 
 
-def fail(msg, code, size, rank, every_rank=False):
+STAGGER_S = 0.5       # fail(): a worker's one-line error waits this (x its place) first
+
+
+def fail(msg, code, size, rank, every_rank=False, one_line=True):
     """Report and end the job. Under MPI a failing rank aborts the world so
-    no other rank waits forever in a collective."""
+    no other rank waits forever in a collective. every_rank: the failure
+    may be this rank's alone, so it speaks for itself; with one_line, a
+    worker waits a moment first (rank 0 at once, then rank 1, ...), so
+    where several ranks fail alike (a full disk) the first abort ends the
+    others before they repeat the line. A crash (one_line False) prints
+    every failing rank's traceback at once."""
+    if every_rank and one_line and rank and size > 1:
+        time.sleep(STAGGER_S * min(rank, 8))
     if rank == 0 or every_rank:
         print(msg, file=sys.stderr, flush=True)
     if size > 1:

@@ -171,6 +171,20 @@ class CheckpointState:
             return done[::-1]
         self.run_id = m.get("run_id") or self.run_id
         world = 1 if self.simulate else mpi.world_size()
+        if m.get("n_workers") == self.n_workers and m.get("world_size") != world:
+            was = (f"simulated in one process (--simulate {self.n_workers})"
+                   if m.get("simulate") or m.get("world_size") == 1 else
+                   f"an MPI job of {m.get('world_size')} processes")
+            now = (f"--simulate {self.n_workers}" if self.simulate or world == 1 else
+                   f"an MPI job of {world} processes")
+            again = (f"--simulate {self.n_workers}, without mpiexec"
+                     if m.get("simulate") or m.get("world_size") == 1 else
+                     f"mpiexec -n {m.get('world_size')}")
+            raise ckpt.CheckpointError(
+                f"{where} was written by the same {self.n_workers} workers, {was}; this "
+                f"run is {now}. Each rank's file holds its own workers' state: resume "
+                f"with {again}, or start a new run from this one's model: another "
+                f"run.dir and --set model.init={self.run_dir}")
         if m.get("n_workers") != self.n_workers or m.get("world_size") != world:
             raise ckpt.CheckpointError(
                 f"{where} was written by {m.get('n_workers')} worker(s) in "

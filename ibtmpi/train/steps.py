@@ -253,8 +253,8 @@ class BlockSteps:
             argv.append(given[i])
             i += 1
         world = 1 if self.simulate else mpi.world_size()
-        cmd = ((f"mpiexec -n {world} " if world > 1 else "")
-               + shlex.join(["ibtmpi"] + argv) + f" --set optim.lr={lr / 2:g}")
+        from ..launcher import rerun_prefix
+        cmd = shlex.join(rerun_prefix(world) + argv) + f" --set optim.lr={lr / 2:g}"
         rho_hint = (f" or raise algorithm.rho (now {rho:g})" if self.A.uses_rho else "")
         err = Diverged(f"diverged at block {k} (rank(s) {ranks}): {what}; {kept}. Lower "
                        f"optim.lr (now {lr:g}){rho_hint}: a resume may change them, e.g. "

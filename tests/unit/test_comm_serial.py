@@ -56,6 +56,11 @@ def test_launched_rank_without_mpi_stops_with_a_clear_error(small_dataset, tmp_p
         assert f"one of 3 ranks ({var}=3) but has no usable MPI" in out.stderr
         assert "pip install mpich" in out.stderr
         assert not (run / "model.npz").exists()
+    # the other ranks of the launch say nothing: one line for the job, not one a rank
+    for var, rank in (("PMI_RANK", "1"), ("OMPI_COMM_WORLD_RANK", "2"), ("SLURM_PROCID", "1")):
+        out = _ibtmpi(["train", "--set", f"data.path={small_dataset}",
+                       "--set", f"run.dir={run}"] + SETS, True, PMI_SIZE="3", **{var: rank})
+        assert out.returncode == 2 and out.stderr == "", (var, out.stderr)
 
 
 def test_info_says_there_is_no_mpi():

@@ -47,3 +47,31 @@ def test_a_stopped_master_is_found_by_the_workers(small_dataset, tmp_path):
     st = subprocess.run(IBTMPI + ["status", str(run)], capture_output=True, text=True,
                         timeout=60).stdout
     assert "hung rank" in st and "rank 0 (the master) is stopped" in st, st
+
+
+def test_a_hung_up_launcher_is_not_blamed_on_a_rank(small_dataset, tmp_path):
+    """SIGHUP to mpiexec (a closed terminal): MPICH's launcher dies and takes
+    every rank along (no rank can catch it or write a checkpoint); `ibtmpi
+    status` and the next start name the launcher as a cause, and how to
+    avoid it, not only a rank killed by the OOM killer."""
+    run = tmp_path / "run"
+    p = subprocess.Popen(
+        mpiexec(3) + IBTMPI + ["train"] + train_args(
+            small_dataset, run, passes=400, **{"run.quiet": "false", "run.progress_s": 0}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("placement:"):
+            break
+    time.sleep(1.0)
+    p.send_signal(signal.SIGHUP)
+    p.communicate(timeout=60)
+    time.sleep(0.5)                       # the watchers write as they see the end
+    st = subprocess.run(IBTMPI + ["status", str(run)], capture_output=True, text=True,
+                        timeout=60).stdout
+    assert ("the launcher ended the job (mpiexec killed, a second Ctrl-C, or hung up by a "
+            "closed terminal: run interactive jobs under nohup, tmux or sbatch)") in st, st
+    r = subprocess.run(mpiexec(3) + IBTMPI + ["train"] + train_args(small_dataset, run,
+                                                                    passes=0.5),
+                       capture_output=True, text=True, timeout=120)
+    assert "ended when rank " in r.stdout and "or the launcher ended the job" in r.stdout, \
+        r.stdout + r.stderr

@@ -593,13 +593,20 @@ def test_a_sigkilled_worker_is_named_by_status_and_the_next_start(small_dataset,
     time.sleep(0.5)                       # the watchers write as they see the end
     st = subprocess.run(IBTMPI + ["status", str(run)], capture_output=True, text=True,
                         timeout=60).stdout
-    assert f"rank 2 (pid {worker} on " in st and "without a word" in st, st
+    # the watchers' clocks name the killed rank; under load the ranks its
+    # launcher then kills can end within their jitter (a few ms), and then
+    # the text's lead says how close it was (lifecycle.lost_rank_text)
+    import re
+    m = re.search(r"rank (\d) \(pid (\d+) on [^)]*\) ended first, ([\d.]+) s before the "
+                  r"others, without a word", st)
+    assert m, st
+    assert m.group(1) == "2" and m.group(2) == str(worker) or float(m.group(3)) < 0.02, st
     # the next job of the run says so too (a short one: it resumes and ends)
     r = subprocess.run(mpiexec(3) + IBTMPI + ["train"] + train_args(small_dataset, run,
                                                                     passes=0.5),
                        capture_output=True, text=True, timeout=120)
-    assert f"the previous job in {run} ended when rank 2 (pid {worker}" in r.stdout, \
-        r.stdout + r.stderr
+    assert f"the previous job in {run} ended when rank {m.group(1)} (pid {m.group(2)}" \
+        in r.stdout, r.stdout + r.stderr
 
 
 # review of the round: a start refused on one rank alone, the advised command

@@ -181,17 +181,20 @@ def _train(st, size, rank, log):
             return 2
         return fail(f"ibtmpi train: error: {e}", 2, size, rank)
     except DatasetError as e:            # a damaged row met in mid-run: this rank's alone
-        return fail(f"[rank {rank}] ibtmpi train: error in block {trainer.block}: {e}. "
-                    f"Complete checkpoints are kept: the same command resumes once the "
-                    f"data set is whole", 2, size, rank, every_rank=True)
+        msg = (f"[rank {rank}] ibtmpi train: error in block {trainer.block}: {e}. "
+               f"Complete checkpoints are kept: the same command resumes once the "
+               f"data set is whole")
+        _keep_error(cfg, rank, msg)        # `ibtmpi status`: failed, and why
+        return fail(msg, 2, size, rank, every_rank=True)
     except OSError as e:
         if is_storage_error(e):          # disk full, quota, read-only: say so in one line
             where = f" {e.filename}" if e.filename else f" a file in {trainer.run_dir}"
-            return fail(f"[rank {rank}] ibtmpi train: error: cannot write{where}: "
-                        f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
-                        f"Complete checkpoints are kept: free space (or fix the file "
-                        f"system) and run the same command again to resume",
-                        EXIT_STORAGE, size, rank, every_rank=True)
+            msg = (f"[rank {rank}] ibtmpi train: error: cannot write{where}: "
+                   f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
+                   f"Complete checkpoints are kept: free space (or fix the file "
+                   f"system) and run the same command again to resume")
+            _keep_error(cfg, rank, msg)    # a few bytes: often still room for them
+            return fail(msg, EXIT_STORAGE, size, rank, every_rank=True)
         return _crash(trainer, cfg, size, rank)
     except MemoryError as e:             # CuPy's OutOfMemoryError, NumPy's too
         return _out_of_memory(e, trainer, cfg, st.device_ops, size, rank)

@@ -206,7 +206,7 @@ class MasterReports:
             with open_append(mpath, truncate=True) as f:
                 f.writelines(json.dumps(x) + "\n" for x in self.history)
             self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
-                     f"(block {start} of {self.total_blocks})")
+                     f"({start}/{self.total_blocks} blocks done; next: block {start})")
         else:                          # a fresh start: no stale best of another run
             try:
                 os.remove(os.path.join(r["dir"], BEST))

@@ -41,7 +41,7 @@ def plan_lines(t):
     every = r["checkpoint_every"] or s.blocks_per_pass
     if start:
         resume = (f"resume from {ckpt.ckpt_dir(t.run_dir, start - 1)} "
-                  f"(block {start} of {t.total_blocks})")
+                  f"({start}/{t.total_blocks} blocks done; next: block {start})")
     else:
         resume = "start from block 0" + (f", {t.init_note}" if t.init_note else "")
     warn = oversubscription_text(t.placement)

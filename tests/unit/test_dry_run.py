@@ -118,7 +118,7 @@ def test_dry_run_under_mpiexec_reads_every_ranks_checkpoint(small_dataset, tmp_p
     assert "job: admm, 2 workers, 3 processes (rank 0 the master)" in r.stdout
     assert f"checkpoint {where} cannot be read (rank 2:" in r.stdout
     assert "a run would set it aside" in r.stdout
-    assert f"resume from {ckpt.ckpt_dir(run, 2)} (block 3 of 12)" in r.stdout
+    assert f"resume from {ckpt.ckpt_dir(run, 2)} (3/12 blocks done; next: block 3)" in r.stdout
     assert snapshot(run) == before               # nothing set aside, nothing written
 
 

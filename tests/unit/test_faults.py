@@ -275,6 +275,10 @@ def test_a_full_disk_ends_the_job_with_74_in_one_line_and_resumes(small_dataset,
     # one line for the job: no MPI library's `Abort(74) on node ...` banner after it
     assert "Abort(" not in err and len([x for x in err.splitlines() if x.strip()]) == 1, err
     assert ckpt.complete(str(tmp_path / "b"))[-1] == 4
+    # `ibtmpi status` says failed, and why (it said "stopped", with no reason)
+    st = subprocess.run(IBTMPI + ["status", str(tmp_path / "b")], capture_output=True,
+                        text=True, timeout=60).stdout
+    assert ": failed after " in st and "No space left on device" in st, st
     _resume_ends_as_uninterrupted(sets, tmp_path)
 
 

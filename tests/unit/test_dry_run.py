@@ -64,7 +64,7 @@ def test_dry_run_plans_the_real_run_and_writes_nothing(small_dataset, tmp_path, 
                 + sets(small_dataset, run, passes=2)) == 0
     out = capsys.readouterr().out
     last = ckpt.complete(run)[-1]
-    assert f"resume from {ckpt.ckpt_dir(run, last)} (block {last + 1} of 12)" in out
+    assert f"resume from {ckpt.ckpt_dir(run, last)} ({last + 1}/12 blocks done; next: block {last + 1})" in out
     assert snapshot(run) == before
 
 

@@ -129,6 +129,8 @@ def _start_up(args, st, size, rank, log):
         # after the first pass of compute
         st.made = _check_writable(cfg["run"]["dir"], create=not args.dry_run)
         threads.configure(cfg["run"]["threads"], ranks_on_node=ranks_on_node)
+        if threads.chosen.get("note"):        # auto chose fewer for a loaded node
+            log(threads.chosen["note"])
         from ..backend import resolve_cuda_aware
         distributed = size > 1 and not cfg["run"]["simulate"]
         gpu_buffers, why = resolve_cuda_aware(

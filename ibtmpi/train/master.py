@@ -463,7 +463,8 @@ class MasterReports:
         return (f"{self._workers_text(ws)} had a core for only {share:.0%} of {their} "
                 f"compute time (median) in {when}: the node runs more busy threads "
                 f"than it has cores (ranks x run.threads, or other jobs), so time per "
-                f"block measures the wait for cores, not the computation; "
+                f"block measures the wait for cores, not the computation "
+                f"(--set run.threads=1 stops BLAS threads fighting for them); "
                 f"compute_cpu_s in metrics.jsonl has it per block")
 
     def _environment(self):

@@ -14,11 +14,29 @@ def test_default_threads(ranks, cores, node, expect):
     assert threads.default_threads(ranks, cores, node) == expect
 
 
-def test_configure_limits_blas():
+@pytest.mark.parametrize("ranks,cores,node,load,expect", [
+    (1, 2, 2, 0.4, 2), (1, 2, 2, 1.0, 2), (1, 2, 2, 1.2, 1), (1, 2, 2, 2.9, 1),
+    (1, 16, 16, 4.5, 12), (4, 16, 16, 8.5, 2), (4, 16, 16, 40, 1),
+    (1, 4, 16, 12.0, 4),            # pinned: the launcher's budget, whatever the load
+])
+def test_auto_threads_leave_the_cores_other_work_keeps_busy(ranks, cores, node, load, expect):
+    """A lone run on a loaded 2-core machine took 22.5 s at 2 BLAS threads and
+    5.0-7.1 s at 1 (hardening round 3): auto counts the load average, less
+    half a core of noise, as cores in use."""
+    assert threads.default_threads(ranks, cores, node, load=load) == expect
+
+
+def test_configure_limits_blas(monkeypatch):
     assert threads.configure(1, ranks_on_node=1) == 1
     assert threads.current_blas_threads() == 1
     n = threads.configure("auto", ranks_on_node=1)
-    assert n == threads.default_threads(1)
+    assert n == threads.default_threads(1, load=threads.chosen["load"])
+    monkeypatch.setattr(threads, "load_average", lambda: 50.0)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    assert threads.configure("auto", ranks_on_node=1) == 1
+    assert threads.chosen["note"].startswith("run.threads auto: 1 BLAS thread(s) a rank, "
+                                             "not 2: the node's load (50.0)")
     with pytest.raises(ValueError):
         threads.configure(-1)
 

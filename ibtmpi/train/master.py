@@ -224,6 +224,10 @@ class MasterReports:
                  f"{self.total_blocks} blocks, model {self.P:,d} parameters")
         if self.recipe_set:
             self.log(recipe.describe(self.n_workers, self.recipe_set))
+        if self.n_workers == 1 and not self.A.single_worker:
+            self.log(f"one worker: this is {self.algo} with N = 1, not the single-worker "
+                     f"baseline the docs and benchmarks compare against (plain SGD: "
+                     f"--set algorithm.name=sgd)")
         if self.ds.unchecked:
             self.log(f"warning: {', '.join(self.ds.unchecked[:3])}"
                      f"{' ...' if len(self.ds.unchecked) > 3 else ''} in {self.ds.path} have "

@@ -43,3 +43,17 @@ def test_a_checkpoint_of_the_same_workers_under_mpi_names_the_launch(small_datas
     assert ("was written by the same 2 workers, an MPI job of 3 processes; this run is "
             "--simulate 2" in err and "resume with mpiexec -n 3" in err), err
     assert "another worker count" not in err
+
+
+def test_one_worker_of_a_block_method_says_it_is_not_the_baseline(small_dataset, tmp_path,
+                                                                   capsys):
+    args = ["train"] + train_args(small_dataset, tmp_path / "a") + [
+        "--set", "run.quiet=false", "--set", "run.passes=0.2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert ("one worker: this is ibt with N = 1, not the single-worker baseline" in out
+            and "--set algorithm.name=sgd" in out), out
+    args = ["train"] + train_args(small_dataset, tmp_path / "b") + [
+        "--set", "run.quiet=false", "--set", "run.passes=0.2", "--set", "algorithm.name=sgd"]
+    assert main(args) == 0
+    assert "one worker:" not in capsys.readouterr().out

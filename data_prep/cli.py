@@ -49,7 +49,9 @@ def build_parser(prog="ibtmpi-prep"):
                        "--bands all --size 64")
     p.add_argument("root")
     p.add_argument("out")
-    p.add_argument("--size", type=_pos_int, default=64)
+    p.add_argument("--size", type=_pos_int, default=None,
+                   help="store every image as SIZExSIZE (default: the images' own size, "
+                   "where they all have one square size)")
     p.add_argument("--class-map", help="JSON or TOML table: source folder -> target "
                    "class (\"\" or null drops it; folders not listed are dropped)")
     p.add_argument("--split", default="0.8,0.1,0.1")
@@ -101,6 +103,9 @@ def main(argv=None, prog="ibtmpi-prep"):
                 print(f"wrote {a.out}: classes {', '.join(meta['classes'])}; " +
                       ", ".join(f"{k} {v['n']}" for k, v in meta["splits"].items())
                       + f" images of {meta['image_shape'][2]} band(s) in {dt:.1f} s")
+            if meta.get("sizes"):           # resized or stretched: said even when quiet
+                if not a.quiet or meta["sizes"].startswith("resized"):
+                    print(meta["sizes"])
             if bad:                       # a warning: said even when quiet
                 print(f"skipped {len(bad)} unreadable file(s):")
                 for p, why in bad:

@@ -164,6 +164,54 @@ def _pick(path, n, bands):
     return [b - 1 for b in bands]
 
 
+def image_hw(path, rgb=True):
+    """(height, width) of one image from its header alone (Pillow, or
+    tifffile for a TIFF read by its bands)."""
+    if rgb or not is_tiff(path):
+        from PIL import Image
+        with Image.open(path) as im:
+            return im.size[1], im.size[0]
+    with tifffile().TiffFile(path) as t:
+        s = t.series[0]
+        ax = _tiff_layout(path, s.shape, s.axes)
+        hw = [n for i, n in enumerate(s.shape) if i != ax] if ax is not None else s.shape
+        return int(hw[0]), int(hw[1])
+
+
+def size_plan(sizes, size):
+    """(the side to store, a note) for a folder import whose images have
+    `sizes` {(h, w): count} (from their headers), with --size `size` (None:
+    the images' own side, where they all have one square size). ValueError
+    where no side can be chosen."""
+    def hw(t):
+        return f"{t[1]}x{t[0]}"
+    if size is None:
+        if len(sizes) == 1 and next(iter(sizes))[0] == next(iter(sizes))[1]:
+            size = next(iter(sizes))[0]
+        elif sizes:
+            common = sorted(sizes.items(), key=lambda kv: -kv[1])
+            raise ValueError(
+                f"the images have {len(sizes)} sizes ("
+                + ", ".join(f"{hw(k)}: {v}" for k, v in common[:3])
+                + (", ..." if len(common) > 3 else "") + ") or are not square; give "
+                f"--size S to store every image as SxS")
+        else:
+            size = 64                  # none readable: the decode says why
+    resized = {k: v for k, v in sizes.items() if k != (size, size)}
+    stretched = sum(v for k, v in sizes.items() if k[0] != k[1])
+    if not resized:
+        note = f"images {size}x{size}, stored as they are"
+    else:
+        note = (f"resized {sum(resized.values())} image(s) to {size}x{size} (from "
+                + ", ".join(f"{hw(k)}: {v}" for k, v in
+                            sorted(resized.items(), key=lambda kv: -kv[1])[:3])
+                + (", ..." if len(resized) > 3 else "") + ")")
+        if stretched:
+            note += (f"; {stretched} of them not square, stretched (crop them first "
+                     f"to keep their aspect)")
+    return size, note
+
+
 def load_bands(path, size, bands):
     """(pixels (size, size, C), 8-bit source?) under a --bands choice other
     than rgb: uint8 from Pillow's RGB, float32 from a TIFF."""

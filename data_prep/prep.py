@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from . import synth
-from .images import (IMAGE_EXT, BandError, band_scale, check_band_counts, is_tiff,
-                     load_bands, load_image, to_stored)
+from .images import (IMAGE_EXT, BandError, band_scale, check_band_counts, image_hw,
+                     is_tiff, load_bands, load_image, size_plan, to_stored)
 from .writer import (DatasetWriter, WriteError, ensure_parent, free_bytes, needed_bytes,
                      stratified_assign)
 
@@ -203,10 +203,13 @@ def _write_splits(w, buf, good, labels, split_id, seed, store=None):
             w.write(name, c0, unsorted, labels[sel])
 
 
-def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
+def prep_folder(root, out, size=None, class_map=None, ratios=(0.8, 0.1, 0.1),
                 seed=0, shards=1, strict=False, overwrite=False, quiet=False,
                 bands="rgb"):
-    """bands: "rgb", "all" or a tuple of 1-based band numbers (images.py)."""
+    """bands: "rgb", "all" or a tuple of 1-based band numbers (images.py);
+    size None: the images' own side, where they all have one square size
+    (images.size_plan; what was resized or stretched goes into
+    dataset.json's `sizes` and the command's output)."""
     t0 = time.perf_counter()
     cmap = load_class_map(class_map) if class_map else None
     items, classes = scan_folder(root, cmap)
@@ -215,6 +218,17 @@ def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
                          f"pass --overwrite")
     rgb = bands == "rgb"
     n_bands = 3 if rgb else check_band_counts([p for p, _ in items], bands)
+    sizes = {}
+    for p, _ in items:                   # headers only: an unreadable one is the decode's
+        try:
+            hw = image_hw(p, rgb)
+        except Exception:
+            continue
+        sizes[hw] = sizes.get(hw, 0) + 1
+    try:
+        size, size_note = size_plan(sizes, size)
+    except ValueError as e:
+        raise WriteError(f"{root}: {e}") from None
     shape, dtype = (len(items), size, size, n_bands), (np.uint8 if rgb else np.float32)
     # Phase 1: decode everything into a disk-backed array (any data size),
     # beside the output: the two need about twice the data set's size
@@ -246,7 +260,7 @@ def prep_folder(root, out, size=64, class_map=None, ratios=(0.8, 0.1, 0.1),
                           shards, source=f"folder:{os.path.abspath(root)}",
                           generator="ibtmpi prep folder", seed=seed,
                           overwrite=overwrite,
-                          extra={"class_map": cmap, "skipped": len(bad),
+                          extra={"class_map": cmap, "skipped": len(bad), "sizes": size_note,
                                  "bands": bands if rgb or bands == "all" else list(bands),
                                  "band_scale": scale})
         with w:

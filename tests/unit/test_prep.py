@@ -118,7 +118,7 @@ def test_folder_import(tmp_path, capsys):
 def test_folder_strict_and_class_map(tmp_path, capsys):
     root = tmp_path / "tree"
     make_tree(root)
-    rc = prep_main(["folder", str(root), str(tmp_path / "s"), "--strict", "--quiet"])
+    rc = prep_main(["folder", str(root), str(tmp_path / "s"), "--strict", "--size", "16", "--quiet"])
     assert rc == 2 and "broken.jpg" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
     cmap = tmp_path / "map.json"
@@ -171,7 +171,7 @@ def test_folder_with_a_class_without_images_is_refused(tmp_path, capsys):
     make_tree(root)
     (root / "Empty").mkdir()
     (root / "Empty" / "readme.txt").write_text("no images here")
-    rc = prep_main(["folder", str(root), str(tmp_path / "ds"), "--quiet"])
+    rc = prep_main(["folder", str(root), str(tmp_path / "ds"), "--size", "16", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and "['Empty'] have no readable images" in err
     assert not (tmp_path / "ds").exists()
@@ -441,3 +441,31 @@ def test_bands_train_evaluate_predict(tmp_path, capsys):
     got = json.load(open(out))["predictions"]
     for r, p in zip(got, ref):
         np.testing.assert_allclose([r["p_crop"], r["p_water"]], p, atol=1e-6)
+
+
+def test_folder_keeps_the_images_own_size_and_says_what_it_resized(tmp_path, capsys):
+    """--size defaults to the images' own side where they all have one square
+    size (it was 64: 32-px PNGs became 64x64, 4x the compute, said nowhere);
+    mixed or non-square images need --size, and what was resized or
+    stretched is said and kept in dataset.json."""
+    root = tmp_path / "same"
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(np.full((32, 32, 3), 40 * i, np.uint8)).save(root / cls / f"{i}.png")
+    assert prep_main(["folder", str(root), str(tmp_path / "d1")]) == 0
+    assert "images 32x32, stored as they are" in capsys.readouterr().out
+    assert Dataset(str(tmp_path / "d1")).image_shape == (32, 32, 3)
+    tree = tmp_path / "tree"
+    make_tree(tree)                         # 20x24, 30x30 and 16x16 images
+    assert prep_main(["folder", str(tree), str(tmp_path / "d2"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the images have 3 sizes (24x20: 24, 30x30: 1, 16x16: 1)" in err, err
+    assert "give --size S" in err and not (tmp_path / "d2").exists()
+    assert prep_main(["folder", str(tree), str(tmp_path / "d3"), "--size", "16",
+                      "--quiet"]) == 0
+    out = capsys.readouterr().out             # said even when quiet
+    assert ("resized 25 image(s) to 16x16 (from 24x20: 24, 30x30: 1); 24 of them not "
+            "square, stretched") in out, out
+    meta = json.load(open(tmp_path / "d3" / "dataset.json"))
+    assert meta["sizes"].startswith("resized 25 image(s) to 16x16")

@@ -134,8 +134,11 @@ def cuda_support():
     a GPU transfer (which crashes a library that is not CUDA-aware):
     (True | False | None, how). Open MPI and MPICH >= 4.1 export
     MPIX_Query_cuda_support(); MPICH 4.0 has MPIX_GPU_query_support(CUDA, &v).
-    None: the library offers neither query (it does not say)."""
+    None: the library offers neither query (it does not say), or there is
+    no MPI at all."""
     import ctypes
+    if MPI is None:
+        return None, f"no MPI library ({MISSING})"
     for path, lib in _mpi_library_handles():
         fn = getattr(lib, "MPIX_Query_cuda_support", None)
         if fn is not None:

@@ -474,6 +474,8 @@ def _fig_worker_compute(plt, recs, x, what):
                    vmin=0.5, vmax=1.5, origin="lower")
     ax.set_xlabel("block")
     ax.set_ylabel("worker (rank - 1)")
+    from matplotlib.ticker import MaxNLocator
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))   # whole workers, no 0.5
     fig.colorbar(im, ax=ax, label="compute time / median worker")
     ax.set_title(f"compute time per worker and block ({what})")
     return fig

@@ -89,3 +89,11 @@ def test_serial_world_collectives(monkeypatch):
         comm.world_size()
     with pytest.raises(comm.MPIUnavailable, match="needs MPI"):
         comm.allreduce_sweep([64])
+
+
+def test_info_without_mpi_says_there_is_none():
+    out = _ibtmpi(["info"], True)
+    assert out.returncode == 0, out.stderr
+    line = [x for x in out.stdout.splitlines() if x.startswith("CUDA-aware MPI")]
+    assert line and "no MPI library (mpi4py could not be loaded" in line[0], out.stdout
+    assert "has no CUDA-support query" not in out.stdout

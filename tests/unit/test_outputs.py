@@ -268,3 +268,15 @@ def test_model_keeps_its_band_preprocessing(run_dir, tmp_path):
     np.savez(tmp_path / "old.npz", **z)
     assert load_trained(str(tmp_path / "old.npz")).preprocess == {"bands": "rgb",
                                                                   "band_scale": None}
+
+
+def test_the_worker_compute_plot_ticks_whole_workers():
+    from ibtmpi import outputs
+    plt = outputs.pyplot()
+    recs = [{"N": 2, "compute_s": [1.0, 1.2 + 0.01 * b]} for b in range(10)]
+    fig = outputs._fig_worker_compute(plt, recs, None, "test")
+    fig.canvas.draw()
+    ticks = fig.axes[0].get_yticks()
+    inside = [t for t in ticks if -0.5 <= t <= 1.5]
+    assert inside and all(float(t).is_integer() for t in inside), ticks
+    plt.close(fig)

@@ -46,6 +46,7 @@ setup(
         # a GPU, to compile kernels/*.cu to PTX in the tests
         # (ibtmpi/kernelcheck.py): 12 for compute_70, 13 as cupy-cuda13x uses
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy", "tifffile",
+                 "scikit-learn",
                  "onnx>=1.14", "onnxruntime>=1.16", "matplotlib>=3.5",
                  "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'",
                  "nvidia-cuda-nvrtc>=13; platform_system == 'Linux'"],

@@ -262,14 +262,25 @@ def confusion(labels, preds, k):
 
 def report(cm, classes):
     """Accuracy and per-class precision / recall / F1 from a confusion matrix
-    (rows: true class, columns: predicted)."""
+    (rows: true class, columns: predicted), with what remote-sensing papers
+    report beside them: overall accuracy (`accuracy`), average accuracy
+    (the mean of the per-class recalls over the classes present: scikit-
+    learn's balanced accuracy) and Cohen's kappa (agreement beyond what the
+    row and column totals give by chance)."""
     tp = np.diag(cm).astype(np.float64)
     pred = cm.sum(0).astype(np.float64)
     true = cm.sum(1).astype(np.float64)
     prec = np.divide(tp, pred, out=np.zeros_like(tp), where=pred > 0)
     rec = np.divide(tp, true, out=np.zeros_like(tp), where=true > 0)
     f1 = np.divide(2 * prec * rec, prec + rec, out=np.zeros_like(tp), where=prec + rec > 0)
+    n = float(cm.sum())
+    po = tp.sum() / max(n, 1.0)
+    pe = float((true * pred).sum()) / max(n * n, 1.0)
+    kappa = (po - pe) / (1.0 - pe) if pe < 1.0 else 1.0      # one class everywhere
+    present = true > 0
     return {"n": int(cm.sum()), "accuracy": float(tp.sum() / max(cm.sum(), 1)),
+            "average_accuracy": float(rec[present].mean()) if present.any() else 0.0,
+            "kappa": float(kappa),
             "classes": classes, "confusion": cm.tolist(),
             "per_class": {c: {"precision": float(p), "recall": float(r), "f1": float(f),
                               "support": int(t)}
@@ -280,7 +291,8 @@ def report(cm, classes):
 def format_report(rep):
     cls = rep["classes"]
     w = max(8, max(len(c) for c in cls))
-    lines = [f"accuracy {rep['accuracy']:.4f} on {rep['n']} images; macro F1 "
+    lines = [f"accuracy {rep['accuracy']:.4f} on {rep['n']} images; average accuracy "
+             f"{rep['average_accuracy']:.4f}; kappa {rep['kappa']:.4f}; macro F1 "
              f"{rep['macro_f1']:.4f}", "",
              f"{'class':<{w}} {'precision':>9} {'recall':>7} {'F1':>7} {'support':>8}"]
     for c in cls:

@@ -280,3 +280,30 @@ def test_the_worker_compute_plot_ticks_whole_workers():
     inside = [t for t in ticks if -0.5 <= t <= 1.5]
     assert inside and all(float(t).is_integer() for t in inside), ticks
     plt.close(fig)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_report_matches_scikit_learn(seed):
+    """Overall and average accuracy, Cohen's kappa and the per-class figures,
+    from the confusion matrix, against scikit-learn from the labels."""
+    sk = pytest.importorskip("sklearn.metrics")
+    from ibtmpi.outputs import report
+    rng = np.random.default_rng(seed)
+    k = 5
+    y = rng.integers(0, k, 400)
+    if seed == 2:
+        y[y == 3] = 1                    # a class with no true samples
+    p = np.where(rng.random(400) < 0.7, y, rng.integers(0, k, 400))
+    cm = np.zeros((k, k), np.int64)
+    np.add.at(cm, (y, p), 1)
+    rep = report(cm, [f"c{i}" for i in range(k)])
+    assert rep["accuracy"] == pytest.approx(sk.accuracy_score(y, p), abs=1e-12)
+    with np.errstate(all="ignore"):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bal = sk.balanced_accuracy_score(y, p)
+    assert rep["average_accuracy"] == pytest.approx(bal, abs=1e-12)
+    assert rep["kappa"] == pytest.approx(sk.cohen_kappa_score(y, p), abs=1e-12)
+    f1 = sk.f1_score(y, p, labels=range(k), average=None, zero_division=0)
+    assert [rep["per_class"][f"c{i}"]["f1"] for i in range(k)] == pytest.approx(f1, abs=1e-12)

@@ -12,7 +12,8 @@ command lines, and compares what each run leaves behind byte for byte:
   model-best.npz     every array, where a run writes one
   checkpoints/       the newest complete checkpoint: every array of every
                      rank file (z, z_g, block momentum, sum of duals, rho,
-                     each worker's duals, momenta, easgd's own models)
+                     each worker's duals, momenta, easgd's own models), but
+                     its `stamp` (the run's random id: whose file it is)
 
 and, as a note that only fails the run with --strict, the deterministic
 figures of metrics.jsonl (losses, accuracies, residuals, rho, lr per block)
@@ -518,10 +519,15 @@ def array_files(run_dir):
     return out
 
 
+# arrays that name a file's owner, not a result: a checkpoint rank file's
+# `stamp` (the run's random id and the block) differs between any two runs
+IDENTITY_ARRAYS = ("stamp",)
+
+
 def load_npz(path):
     import numpy as np
     with np.load(path, allow_pickle=False) as f:
-        return {k: f[k] for k in f.files}
+        return {k: f[k] for k in f.files if k not in IDENTITY_ARRAYS}
 
 
 def max_abs_diff(a, b):

@@ -46,13 +46,15 @@ setup(
         # a GPU, to compile kernels/*.cu to PTX in the tests
         # (ibtmpi/kernelcheck.py): 12 for compute_70, 13 as cupy-cuda13x uses
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy", "tifffile",
-                 "scikit-learn",
+                 "scikit-learn", "tensorboardX>=2.6",
                  "onnx>=1.14", "onnxruntime>=1.16", "matplotlib>=3.5",
                  "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'",
                  "nvidia-cuda-nvrtc>=13; platform_system == 'Linux'"],
         "bench": ["torch==2.13.0"],
         "onnx": ["onnx>=1.14", "onnxruntime>=1.16"],
         "plot": ["matplotlib>=3.5"],
+        # run.tensorboard: event files without TensorFlow or torch
+        "tensorboard": ["tensorboardX>=2.6"],
         # multi-band TIFFs (GeoTIFF) for `ibtmpi prep folder --bands`
         "geotiff": ["tifffile"],
     },

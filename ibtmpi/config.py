@@ -111,6 +111,7 @@ DEFAULTS = {
         "early_stop_delta": 0.0, # early_stop: better means val accuracy up by more
                                  # than this (0: any better evaluation)
         "timeline": False,       # RUN/timeline.json: every rank's phases (Chrome trace)
+        "tensorboard": False,    # RUN/tb/: the master's metrics as TensorBoard events
     },
 }
 
@@ -387,6 +388,11 @@ def validate(cfg):
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
+    if r["tensorboard"]:
+        from .tensorboard import check_available
+        missing = check_available()
+        if missing:
+            raise ConfigError(missing)
     if not d["path"]:
         raise ConfigError("data.path is not set: give it in the config or with "
                           "--set data.path=DIR (make one with `ibtmpi prep synth DIR`)")
@@ -502,8 +508,8 @@ def hashed_config(cfg, legacy=False):
     """What determines the computation (as a dict; run_hash digests it),
     not operational keys (passes, threads, quiet, eval/checkpoint cadence,
     run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
-    timeline, keep_best, early_stop, early_stop_delta, eval_device,
-    master_device), nor algorithm.recipe (the values it derived are hashed
+    timeline, tensorboard, keep_best, early_stop, early_stop_delta,
+    eval_device, master_device), nor algorithm.recipe (the values it derived are hashed
     where they land), nor where the data
     lives: data.path may move (a copy staged to node-local scratch after a
     requeue); the manifest's dataset fingerprint says whether it is the
@@ -516,7 +522,7 @@ def hashed_config(cfg, legacy=False):
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
                 "early_stop", "early_stop_delta", "timeline", "eval_device", "gpu_math",
-                "cuda_graphs", "master_device"):
+                "cuda_graphs", "master_device", "tensorboard"):
         c["run"].pop(key, None)
     c["model"].pop("init", None)       # only a fresh start reads it
     c["algorithm"].pop("recipe", None)  # what it derived is in the other keys

@@ -79,6 +79,9 @@ class MasterReports:
             self.bar.close()
         if self.metrics_f is not None:
             self.metrics_f.flush()
+        if getattr(self, "tb", None) is not None:
+            self.tb.close()
+            self.tb = None
 
     def _record(self, k, p, b, diag, wall, busy=0.0, slack=0.0):
         """Block k's metrics line from the reduced packet (every rank)."""
@@ -216,6 +219,10 @@ class MasterReports:
             self.log(f"time limit {self.deadline.text()}: the run stops with a "
                      f"checkpoint before it (exit 75) and resumes when run again")
         self.metrics_f = open_append(mpath, truncate=not start)
+        self.tb = None
+        if r["tensorboard"]:               # checked at start-up (config.validate)
+            from ..tensorboard import Writer
+            self.tb = Writer(r["dir"])
         self.log(f"{self.algo}: {self.n_workers} worker(s)"
                  f"{' (simulated)' if self.simulate else ''}, "
                  f"{self.sched.n} train images, split {self.sched.split_len(0, 0)}"
@@ -379,6 +386,8 @@ class MasterReports:
         self.history.append(rec)
         self.metrics_f.write(json.dumps(rec) + "\n")
         self.metrics_f.flush()
+        if self.tb is not None:
+            self.tb.block(rec)
         bpp = self.sched.blocks_per_pass
         if rec["block_in_pass"] == bpp - 1 or rec["block"] + 1 == self.total_blocks:
             blocks = [h for h in self.history if h["pass"] == rec["pass"]]

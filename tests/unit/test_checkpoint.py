@@ -157,7 +157,7 @@ def test_checkpoints_of_the_earlier_digest_still_resume(small_dataset, tmp_path,
                 "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
                 "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
                 "early_stop", "early_stop_delta", "timeline", "eval_device",
-                "master_device", "gpu_math", "cuda_graphs"):
+                "master_device", "gpu_math", "cuda_graphs", "tensorboard"):
         old["run"].pop(key)
     if era == "cuda-aware-hashed":
         old["run"]["cuda_aware"] = "auto"

@@ -7,7 +7,7 @@ the consensus algorithms and MPI each see one buffer. ``Model.buffers``
 (``n_buffers``,) float32, on the params' device, holds the layers'
 non-parameter state (BatchNorm's running mean/variance) as views bound the same way (``Layer.bind_buffers``):
 not trained and not in the gradient; the trainer carries it in the block's
-ONE packed Allreduce right after the model part, averaged as DESIGN.md
+ONE packed Allreduce right after the model part, averaged as docs/design.md
 section 9 says. Input is NCHW float. The layer kinds, their spec keys and
 defaults, how each builds, initialises and exports itself live in the
 registry ``ibtmpi.layers.LAYERS``: nothing here names a layer kind. Tests:
@@ -188,7 +188,7 @@ class Model:
         for layer in self.layers:
             layer.seed_rng([seed, 1])
 
-    # -- buffers under the consensus (DESIGN.md section 9) ----------------------
+    # -- buffers under the consensus (docs/design.md section 9) ----------------------
     def _buffer_views(self, flat):
         """Per layer, the list of views of `flat` (n_buffers,) that are its
         buffers."""

@@ -165,7 +165,7 @@ def master_late(busy, compute_max, data_wait_max=0.0):
 class MasterLate:
     """Master (a rank of its own): the blocks in which the workers waited
     for it (master_late); once it was late in `need` of the last `window`
-    blocks, block() says so, once per run (DESIGN.md section 10: the master
+    blocks, block() says so, once per run (docs/design.md section 10: the master
     must not be the critical path)."""
 
     def __init__(self, window=REPORT_WINDOW, need=REPORT_NEED):

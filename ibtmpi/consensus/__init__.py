@@ -1,4 +1,4 @@
-"""Consensus algorithms as plain array math (no MPI): DESIGN.md section 3.
+"""Consensus algorithms as plain array math (no MPI): docs/design.md section 3.
 
 One module per algorithm, each a registered class (base.py: the block
 protocol and the registry; vector.py: the shared vector math):

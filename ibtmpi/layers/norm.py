@@ -3,7 +3,7 @@ momentum=0.1, eps=1e-5}``, after a conv) over ibtmpi/ops/norm.py (NumPy) or
 backend.GpuOps (kernels/norm.cu). gamma/beta (C,) are parameters in the
 flat vector (under the consensus like any weight: the ADMM prox applies to
 them); the running mean/variance (C,) are buffers (Model.buffers), which
-the block's one Allreduce averages as DESIGN.md section 9 says
+the block's one Allreduce averages as docs/design.md section 9 says
 (``moments`` / ``from_moments``). Init: gamma 1, beta 0, running mean 0,
 running variance 1 (PyTorch's). Tests: tests/unit/test_ops_modern.py.
 """

@@ -92,7 +92,7 @@ def _rowdot(a, b):
 
 def batchnorm_moments(rmean, rvar):
     """A worker's share of the consensus of the running statistics
-    (DESIGN.md section 9): (mean, var + mean^2), summed over workers."""
+    (docs/design.md section 9): (mean, var + mean^2), summed over workers."""
     return rmean, rvar + rmean * rmean
 
 

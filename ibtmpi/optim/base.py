@@ -13,7 +13,7 @@ buffer is. Checkpoints, the trainer and the simulated
 workers' swaps go through these four and nothing else. ``lr`` and
 ``extra_grad`` are set by the trainer: the learning rate of the block
 (lr.py's LrSchedule) and the algorithm's term added to g before the
-update (the ADMM prox, a ``Prox``; DESIGN.md section 9).
+update (the ADMM prox, a ``Prox``; docs/design.md section 3).
 A new optimizer is one module in this package with a class decorated by
 ``@register`` and one import line in __init__.py.
 Tests: tests/unit/test_optim.py.

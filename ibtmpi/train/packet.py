@@ -10,7 +10,7 @@ q is sum_i ||w_i - z_s||^2 (the primal residual's raw sum). Flags: 1 stop
 requested (signal), 2 non-finite, 4 checkpoint file written, 8 early stop;
 each rank sets its own slot, so the sum is an OR. The buffer moments are
 the workers' shares of the model's buffers (BatchNorm's running
-statistics: Model.buffer_moments, DESIGN.md section 9; B = 0 without
+statistics: Model.buffer_moments, docs/design.md section 9; B = 0 without
 such layers). A slot is one entry in the list below, and nobody computes
 an offset by hand. With a GPU worker's state
 on its device the model part lives on the device too (`model_out`), and

@@ -94,7 +94,7 @@ DEFAULTS = {
         "simulate": 0,           # > 0: N logical workers in one process
         "checkpoint_every": 0,   # blocks between checkpoints; 0: once per pass
         "keep_checkpoints": 2,   # complete checkpoints kept
-        "resume": "auto",        # auto | always | never
+        "resume": "auto",        # auto | always | never | reshape (another worker count)
         "watchdog_s": "auto",    # abort a block running longer (MPI runs): auto =
                                  # max(60 s, 10x the slowest block so far); 0: off
         "cuda_aware": "auto",    # GPU workers: auto | on | off (device buffers to MPI)
@@ -372,8 +372,8 @@ def validate(cfg):
         (r["checkpoint_every"] >= 0, "run.checkpoint_every must be >= 0"),
         (r["keep_checkpoints"] >= 1, "run.keep_checkpoints must be >= 1"),
         (r["progress_s"] >= 0, "run.progress_s must be >= 0"),
-        (r["resume"] in ("auto", "always", "never"),
-         "run.resume must be auto, always or never"),
+        (r["resume"] in ("auto", "always", "never", "reshape"),
+         "run.resume must be auto, always, never or reshape"),
         (r["eval_device"] in ("auto", "cpu", "gpu"),
          f"run.eval_device must be auto, cpu or gpu, got {r['eval_device']!r}"),
         (r["gpu_math"] in ("fp32", "tf32"),

@@ -84,7 +84,10 @@ def inspect(run_dir):
                                 f"run directory")
     recs = _metrics(run_dir)
     done = ckpt.complete(run_dir)
-    info = {"run_dir": run_dir, "blocks_done": len(recs),
+    # the last line's block: a run reshaped to another worker count keeps
+    # the lines of the count before, under its own numbering
+    info = {"run_dir": run_dir, "blocks_done": recs[-1].get("block", len(recs) - 1) + 1
+            if recs else 0,
             "last_checkpoint": done[-1] if done else None}
     if recs:
         last = recs[-1]
@@ -126,7 +129,7 @@ def inspect(run_dir):
     errors = sorted(glob.glob(os.path.join(run_dir, "error-rank-*.txt")))
     if live:
         info.update(state="running", holder=holder, heartbeat_s=age)
-    elif summary is not None and (not recs or summary.get("blocks") == len(recs)):
+    elif summary is not None and (not recs or summary.get("blocks") == info["blocks_done"]):
         info.update(state="finished", test_acc=summary.get("test_acc"),
                     blocks_total=summary.get("blocks"), wall_s=summary.get("wall_s"))
         if summary.get("stopped_early"):

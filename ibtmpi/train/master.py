@@ -208,8 +208,9 @@ class MasterReports:
         if start:
             with open_append(mpath, truncate=True) as f:
                 f.writelines(json.dumps(x) + "\n" for x in self.history)
-            self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
-                     f"({start}/{self.total_blocks} blocks done; next: block {start})")
+            if not self.reshape:              # a reshape said where it continues
+                self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
+                         f"({start}/{self.total_blocks} blocks done; next: block {start})")
         else:                          # a fresh start: no stale best of another run
             try:
                 os.remove(os.path.join(r["dir"], BEST))
@@ -494,8 +495,10 @@ class MasterReports:
 def _per_worker_totals(history, n):
     """summary.json's worker_compute_s / worker_cpu_s: per worker sums over
     the metrics lines that have both (lines from before compute_cpu_s
-    existed, in a resumed run, are left out of both)."""
-    h = [r for r in history if "compute_cpu_s" in r]
+    existed, in a resumed run, are left out of both, as are a reshaped
+    run's lines of another worker count)."""
+    h = [r for r in history if "compute_cpu_s" in r and len(r.get("compute_s", ())) == n
+         and len(r["compute_cpu_s"]) == n]
     return {key: [round(sum(r[src][i] for r in h), 3) for i in range(n)]
             for key, src in (("worker_compute_s", "compute_s"), ("worker_cpu_s", "compute_cpu_s"))}
 
@@ -507,7 +510,7 @@ def _per_worker_peaks(history, n):
     out = {}
     for key, src in (("worker_peak_rss_mib", "peak_rss_mib"),
                      ("worker_gpu_pool_mib", "gpu_pool_mib")):
-        h = [r[src] for r in history if src in r]
+        h = [r[src] for r in history if len(r.get(src, ())) == n]   # this count's
         if h:
             out[key] = [max(r[i] for r in h) for i in range(n)]
     return out

@@ -39,7 +39,11 @@ def plan_lines(t):
     per_pass = s.steps_per_pass() if t.A.per_step else s.blocks_per_pass
     mib = t.packet.size * 4 / 2**20
     every = r["checkpoint_every"] or s.blocks_per_pass
-    if start:
+    if start and t.reshape:
+        resume = (f"continue {ckpt.ckpt_dir(t.run_dir, t.reshape['block'])} of "
+                  f"{t.reshape['from_n']} worker(s) with {t.n_workers} at block {start} of "
+                  f"{t.total_blocks} (run.resume = reshape)")
+    elif start:
         resume = (f"resume from {ckpt.ckpt_dir(t.run_dir, start - 1)} "
                   f"({start}/{t.total_blocks} blocks done; next: block {start})")
     else:

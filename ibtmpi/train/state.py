@@ -27,6 +27,10 @@ from ..config import (ConfigError, change_text, config_changes, config_diff, has
 from .lifecycle import agreed
 from .packet import FLAG_CKPT
 
+# what a resume on another worker count may change beyond RESUME_TUNABLE:
+# algorithm.recipe derives the local batch from N
+RESHAPE_MAY_CHANGE = ("data.batch",)
+
 
 class CheckpointState:
     def _state_spec(self):
@@ -171,7 +175,14 @@ class CheckpointState:
             return done[::-1]
         self.run_id = m.get("run_id") or self.run_id
         world = 1 if self.simulate else mpi.world_size()
-        if m.get("n_workers") == self.n_workers and m.get("world_size") != world:
+        self.reshape = None
+        if mode == "reshape" and (m.get("n_workers") != self.n_workers
+                                  or m.get("world_size") != world):
+            # continue on another worker count: what is per model carries
+            # (_load_state), the run goes on from the same pass
+            self.reshape = {"from_n": m.get("n_workers"), "from_world": m.get("world_size"),
+                            "passes_done": float(m.get("passes_done", 0.0)), "block": k}
+        elif m.get("n_workers") == self.n_workers and m.get("world_size") != world:
             was = (f"simulated in one process (--simulate {self.n_workers})"
                    if m.get("simulate") or m.get("world_size") == 1 else
                    f"an MPI job of {m.get('world_size')} processes")
@@ -185,20 +196,23 @@ class CheckpointState:
                 f"run is {now}. Each rank's file holds its own workers' state: resume "
                 f"with {again}, or start a new run from this one's model: another "
                 f"run.dir and --set model.init={self.run_dir}")
-        if m.get("n_workers") != self.n_workers or m.get("world_size") != world:
+        elif m.get("n_workers") != self.n_workers or m.get("world_size") != world:
             raise ckpt.CheckpointError(
                 f"{where} was written by {m.get('n_workers')} worker(s) in "
                 f"{m.get('world_size')} process(es); this run has {self.n_workers} in "
                 f"{world}. Resuming with another worker count is not supported "
                 f"(duals and data ranges are per worker): relaunch with the same "
-                f"count, or start a new run from this one's model: another run.dir "
-                f"and --set model.init={self.run_dir}")
+                f"count, continue with this count and fresh duals (--set "
+                f"run.resume=reshape), or start a new run from this one's model: "
+                f"another run.dir and --set model.init={self.run_dir}")
         self.resume_changes = []
         if m.get("config_hash") != self.cfg_hash and m.get("config_hash") not in legacy_hashes(
                 self.cfg):
             changes = (config_changes(m["config"], hashed_config(self.cfg))
                        if isinstance(m.get("config"), dict) else None)
-            if changes and all(tunable(c[0]) for c in changes):
+            may = (lambda key: tunable(key) or key in RESHAPE_MAY_CHANGE) if \
+                self.reshape else tunable
+            if changes and all(may(c[0]) for c in changes):
                 self.resume_changes = changes      # lr, rho, ...: the state still fits
             else:
                 what = (isinstance(m.get("config"), dict)
@@ -222,6 +236,8 @@ class CheckpointState:
                 f"hold other images or labels than when the run started (a shard "
                 f"replaced or regenerated; dataset.json alone is unchanged); restore "
                 f"them, or use another run.dir to start fresh")
+        if self.reshape:
+            return [k]              # the newest readable one; another count's files
         return done[::-1]
 
     def _restore(self, dry=False):
@@ -240,14 +256,14 @@ class CheckpointState:
             if self.is_master:
                 try:
                     res = ("ok", self._resume_candidates(), self.resume_changes,
-                           self.changed_before, self.ckpt_ids, self.run_id)
+                           self.changed_before, self.ckpt_ids, self.run_id, self.reshape)
                 except ckpt.CheckpointError as e:
                     res = ("error", str(e))
             res = mpi.bcast(res)
             if res[0] == "error":
                 raise agreed(ckpt.CheckpointError(res[1]))
             (cands, self.resume_changes, self.changed_before, self.ckpt_ids,
-             self.run_id) = res[1:]
+             self.run_id, self.reshape) = res[1:]
         errs = []
         for k in cands:
             err = None
@@ -255,14 +271,23 @@ class CheckpointState:
             try:
                 if not readable:                       # its manifest (the master's view)
                     raise ckpt.CheckpointError(run_id)
-                self._load_state(k, run_id)
+                self._load_state(k, run_id, reshape=self.reshape is not None)
             except ckpt.CheckpointError as e:
                 err = f"rank {self.rank}: {e}" if readable else str(e)
             errs = [e for e in (mpi.allgather(err) if dist else [err]) if e]
             errs = list(dict.fromkeys(errs))          # a bad manifest: once, not per rank
             if not errs:
-                self._apply_changes(k + 1, dry)
-                return k + 1
+                start = self._reshaped_start(dry) if self.reshape else k + 1
+                self._apply_changes(start, dry)
+                if self.reshape and not dry:
+                    rs = self.reshape
+                    note = (f"reshaped from {rs['from_n']} to {self.n_workers} worker(s) "
+                            f"at pass {rs['passes_done']:g}")
+                    self.changed_before = self.changed_before + [{"block": start,
+                                                                  "changes": note}]
+                    self.pending_change = (self.pending_change + "; " + note
+                                           if self.pending_change else note)
+                return start
             where = ckpt.ckpt_dir(self.run_dir, k)
             if dry:
                 self.log(f"checkpoint {where} cannot be read ({'; '.join(errs)}); a run "
@@ -297,6 +322,31 @@ class CheckpointState:
         rho = dict((k, b) for k, _, b in self.resume_changes).get("algorithm.rho")
         if rho is not None and self.cons is not None:
             self.cons.set_rho(float(rho), [self.states[i] for i in self.local])
+
+    def _load_reshaped(self, where, want):
+        path = os.path.join(where, ckpt.rank_file(0))
+        if want is not None:
+            got = str(ckpt.read_rank(path, {"stamp": ((), "text")})["stamp"])
+            if got != want:
+                raise ckpt.CheckpointError(
+                    f"{path} belongs to another checkpoint (it says {got!r}, the manifest "
+                    f"{want!r}: copied in from another run or block?)")
+        if self.packet.B:
+            self.zbuf = ckpt.read_rank(path, {"zbuf": ((self.packet.B,), np.float32)}
+                                       )["zbuf"].copy()
+            self.model.load_buffers(self.zbuf)
+        if self.A.per_step:                 # ssgd: the model and its optimizer are
+            spec = {"params": ((self.P,), np.float32)}     # the same on every rank
+            spec.update({f"opt_{k_}": v for k_, v in self.opt.state_spec().items()})
+            st = ckpt.read_rank(path, spec)
+            self.model.params[...] = self._dev(st["params"])
+            self.opt.load({k_: st[f"opt_{k_}"] for k_ in self.opt.state_spec()})
+            self.z[...] = st["params"]
+            return
+        self.cons.load(ckpt.read_rank(path, self.cons.state_spec()), self._put)
+        U = getattr(self.cons, "U", None)
+        if U is not None:                   # the duals start afresh: so does their sum
+            U.fill(0)
 
     def _init_from_model(self, dist):
         """model.init, for a run that starts at block 0: w of every worker
@@ -366,10 +416,36 @@ class CheckpointState:
                     f"name the wrong classes")
         return None
 
-    def _load_state(self, k, run_id=None):
+    def _reshaped_start(self, dry):
+        """run.resume = reshape: the block of this worker count's schedule at
+        the pass the checkpoint reached (the nearest block: with another
+        count a pass has another number of blocks), said in one line."""
+        rs = self.reshape
+        start = int(round(rs["passes_done"] * self.sched.blocks_per_pass))
+        start = min(max(start, 1), self.total_blocks) if self.total_blocks else start
+        what = ("the consensus model z and its outer state (block momentum, start "
+                "point), BatchNorm's statistics, the learning-rate schedule's position"
+                if not self.A.per_step else
+                "the model and its optimizer state, BatchNorm's statistics, the "
+                "learning-rate schedule's position")
+        fresh = ("each worker's dual and local optimizer state start at zero"
+                 if not self.A.per_step else "nothing is per worker")
+        self.log(f"{'would continue' if dry else 'continuing'} "
+                 f"{ckpt.ckpt_dir(self.run_dir, rs['block'])} of {rs['from_n']} worker(s) "
+                 f"in {rs['from_world']} process(es) with {self.n_workers} worker(s) "
+                 f"(run.resume = reshape) at pass {rs['passes_done']:g}, block {start} of "
+                 f"{self.total_blocks}: carried {what}; {fresh}; the data is split anew")
+        return start
+
+    def _load_state(self, k, run_id=None, reshape=False):
         """This rank's state from checkpoint k (CheckpointError if unreadable,
-        or where run_id, the manifest's, is not the one the files carry)."""
+        or where run_id, the manifest's, is not the one the files carry).
+        reshape: a checkpoint of another worker count: only what is per
+        model, from the master's file (every rank's copy of it); the duals'
+        sum and every worker's own state start at zero."""
         where = ckpt.ckpt_dir(self.run_dir, k)
+        if reshape:
+            return self._load_reshaped(where, ckpt.stamp(run_id, k) if run_id else None)
         if run_id is not None:
             want = ckpt.stamp(run_id, k)
             for r in sorted({0, self.rank}):

@@ -129,6 +129,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.alarm = None                # master: lifecycle.Alarm over the blocking Allreduce
         self.t_reduced = 0.0             # when this rank's last Allreduce returned
         self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
+        self.reshape = None              # run.resume = reshape: the checkpoint's count, pass
         self.changed_before = []         # every resume's changes so far (the manifests')
         self.pending_change = None       # their text, for the first block's metrics line
         self.pending_ok = False
@@ -355,8 +356,8 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
             self.log(f"the previous job in {self.run_dir} ended when "
                      f"{lifecycle.lost_rank_text(lost)}")
         start = self.start = self._restore()
-        if self.is_master and start:
-            self._read_history(start)
+        if self.is_master and start:            # reshaped: every line of the run so far
+            self._read_history(float("inf") if self.reshape else start)
         # a run that stopped early (run.early_stop) and is run again: its
         # last checkpoint is the stop block, nothing is left to train
         done = self.is_master and self.early is not None and self.early[0] < start

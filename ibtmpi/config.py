@@ -36,6 +36,7 @@ DEFAULTS = {
         "augment": False,        # random flips / 90-degree rotations
         "cache": "auto",         # auto | memory | disk
         "seed": 0,               # shuffling and augmentation
+        "normalize": "dataset",  # dataset | imagenet | [[means], [stds]] (0..1 scale)
     },
     "model": {
         "layers": "reference",   # preset name or a list of layer tables
@@ -183,6 +184,18 @@ def _coerce(section, key, value):
         if value == "auto" or isinstance(value, bool):
             return value
         raise ConfigError(f"{where} must be auto, true or false, got {value!r}")
+    if section == "data" and key == "normalize":
+        if value in ("dataset", "imagenet"):
+            return value
+        if (isinstance(value, list) and len(value) == 2
+                and all(isinstance(v, list) and v for v in value)
+                and len(value[0]) == len(value[1])
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                        and math.isfinite(x) for v in value for x in v)
+                and all(x > 0 for x in value[1])):
+            return [[float(x) for x in v] for v in value]
+        raise ConfigError(f"{where} must be \"dataset\", \"imagenet\" or [[means], [stds]] "
+                          f"(one per band, on the 0..1 scale, stds > 0), got {value!r}")
     if key == "betas":
         if (isinstance(value, list) and len(value) == 2
                 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
@@ -426,7 +439,7 @@ def digest(cfg):
 LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
            "warmup_passes")
 ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state", "clip_norm"),
-              "algorithm": ("outer", "outer_schedule")}   # left out of the digest
+              "algorithm": ("outer", "outer_schedule"), "data": ("normalize",)}   # left out of the digest
                                                           # at their defaults
 
 

@@ -37,3 +37,33 @@ def normalize(images, mean, std, out=None, dtype=np.float32):
     out *= scale[None, :, None, None]
     out += shift[None, :, None, None]
     return out
+
+
+# torchvision's ImageNet statistics, on the 0..1 scale of a pixel
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def input_norm(cfg, ds):
+    """(mean, std) float64 (C,), on the stored pixels' scale (0..255), that a
+    run normalises its inputs with: data.normalize = "dataset" (the train
+    split's own per-band statistics, dataset.json), "imagenet" (what
+    ImageNet-pretrained weights were trained on; 3 bands) or [[means],
+    [stds]] on the 0..1 scale, as torchvision's Normalize takes them. The
+    model file records the result, so evaluate, predict, export and ONNX
+    use the same. ValueError where the band count does not fit."""
+    spec = cfg["data"].get("normalize", "dataset")
+    c = int(ds.image_shape[2])
+    if spec == "dataset":
+        return np.asarray(ds.mean, np.float64), np.asarray(ds.std, np.float64)
+    if spec == "imagenet":
+        if c != 3:
+            raise ValueError(f"data.normalize = \"imagenet\" takes 3 bands (RGB); "
+                             f"{ds.path} has {c}: use \"dataset\" or give [[means], [stds]]")
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+    else:
+        mean, std = spec
+        if len(mean) != c or len(std) != c:
+            raise ValueError(f"data.normalize gives {len(mean)} means and {len(std)} stds; "
+                             f"{ds.path} has {c} band(s)")
+    return (np.asarray(mean, np.float64) * 255.0, np.asarray(std, np.float64) * 255.0)

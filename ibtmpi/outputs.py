@@ -175,6 +175,8 @@ def save_model(path, z, model, ds, cfg, buffers=None):
     buffers (BatchNorm's running statistics; only where the layers have
     any), layer spec, input shape, classes, the normalisation it was
     trained with and how files become its input (bands, band_scale)."""
+    from .data import input_norm
+    mean, std = input_norm(cfg, ds)        # what the run normalised with
     tmp = path + f".tmp-{os.getpid()}"
     more = {}
     if model.n_buffers:                    # the caller's host copy
@@ -184,7 +186,7 @@ def save_model(path, z, model, ds, cfg, buffers=None):
                  input_shape=np.array(model.input_shape, np.int64),
                  classes=np.array(json.dumps(ds.classes)),
                  layers=np.array(json.dumps(cfg["model"]["layers"])),
-                 mean=np.asarray(ds.mean, np.float64), std=np.asarray(ds.std, np.float64),
+                 mean=mean, std=std,
                  algorithm=np.array(cfg["algorithm"]["name"]),
                  preprocess=np.array(json.dumps(preprocess_of(ds.meta))))
     os.replace(tmp, path)
@@ -248,8 +250,10 @@ def _from_checkpoint(d):
     if probe.n_buffers:
         spec["zbuf"] = ((probe.n_buffers,), np.float32)
     arrs = _npz(os.path.join(d, "rank-00000.npz"), spec)
-    return Trained(arrs[name], cfg["model"]["layers"], (c, h, w), ds.classes, ds.mean,
-                   ds.std, d, buffers=arrs.get("zbuf"), preprocess=preprocess_of(ds.meta))
+    from .data import input_norm
+    mean, std = input_norm(cfg, ds)
+    return Trained(arrs[name], cfg["model"]["layers"], (c, h, w), ds.classes, mean,
+                   std, d, buffers=arrs.get("zbuf"), preprocess=preprocess_of(ds.meta))
 
 
 # -- evaluation ---------------------------------------------------------------

@@ -51,8 +51,8 @@ class MasterEvaluation:
         m.params[...] = (self._host(params) if m.device_ops is None
                          else m.device_ops.asarray(params))
         self.eval_model.load_buffers(self.zbuf if buffers is None else buffers)
-        return evaluate_steps(self.eval_model, data[0], data[1], self.ds.mean,
-                              self.ds.std, out, batch)
+        return evaluate_steps(self.eval_model, data[0], data[1], self.norm_mean,
+                              self.norm_std, out, batch)
 
     def _work(self):
         """The master's useful work while waiting: one batch of the pending

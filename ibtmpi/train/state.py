@@ -388,8 +388,8 @@ class CheckpointState:
         if t.classes != list(self.ds.classes):
             notes.append(f"its classes {t.classes} are this data's {list(self.ds.classes)} "
                          f"by position")
-        if not (np.allclose(t.mean, self.ds.mean, atol=1e-3) and
-                np.allclose(t.std, self.ds.std, atol=1e-3)):
+        if not (np.allclose(t.mean, self.norm_mean, atol=1e-3) and
+                np.allclose(t.std, self.norm_std, atol=1e-3)):
             notes.append("it was trained with another normalisation (mean/std); this "
                          "run normalises with this data's")
         self.init_note = (f"initialised from {t.source}"

@@ -28,6 +28,7 @@ from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import consensus, optim, recipe, runlock, timeline
 from ..config import ConfigError, digest, run_hash
+from ..data import input_norm
 from ..dataset import Dataset
 from ..loader import WorkerData
 from ..model import Model
@@ -73,6 +74,10 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         # algorithm.recipe: the settings for this N where the user set none
         self.cfg, self.recipe_set = recipe.apply(cfg, n, min(split, tr.n // n))
         cfg, d = self.cfg, self.cfg["data"]
+        try:                             # data.normalize: the inputs' mean and std
+            self.norm_mean, self.norm_std = input_norm(cfg, self.ds)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.sched = Schedule(tr.n, n, split, d["batch"], d["seed"])
         t1 = time.perf_counter()
         self._wire_compute(device_ops, gpu_buffers, master_ops)
@@ -91,7 +96,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                                                       self.sched.split_len(i, last)),
                                         self.ds.image_shape, copy)
                           for i in self.local}
-        self.loaders = {i: WorkerData(tr, self.sched, i, self.ds.mean, self.ds.std,
+        self.loaders = {i: WorkerData(tr, self.sched, i, self.norm_mean, self.norm_std,
                                       d["augment"], d["seed"], d["cache"],
                                       raw=self.dev is not None,
                                       device_aug=i in self.feeds,
@@ -103,7 +108,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
             from ..gpu_graphs import set_gpu_math
             set_gpu_math(self.dev.cp, r["gpu_math"])
             self.model.use_graphs(r["cuda_graphs"], self.log)
-        self.model.set_input_norm(self.ds.mean, self.ds.std)
+        self.model.set_input_norm(self.norm_mean, self.norm_std)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
         self.lr_at = optim.LrSchedule(cfg["optim"], self.sched.blocks_per_pass, r["passes"])
         self.z = (np.array(self._host(self.model.params)) if self.A.per_step

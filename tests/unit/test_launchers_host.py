@@ -205,7 +205,7 @@ def test_a_reference_cnn_step_copies_no_activation(g):
     activation or gradient (a conv hands the pool its (C, N, H, W) output, the pool hands
     the conv's backward its gradient in that layout, the weight-gradient
     GEMMs write into the flat gradient vector). The launch counts are the
-    README's; a fusion that lowers them updates both. The gradients are
+    docs/engine.md's; a fusion that lowers them updates both. The gradients are
     the NumPy engine's."""
     import fakecupy
     from ibtmpi.model import Model

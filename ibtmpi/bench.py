@@ -70,6 +70,12 @@ def run_one(out_dir, name, data, algo, n, sets, mpi, log=print, fresh=False, dev
             log(f"  {name}: done earlier ("
                 + (f"test accuracy {acc:.4f}" if acc is not None else "diverged") + "), kept")
             return True
+    from . import runlock
+    try:                          # never clear a directory a live run holds (another
+        runlock.probe(d)          # bench over the same --out): its files would go
+    except runlock.RunDirBusy as e:
+        log(f"  {name}: not run: {e}")
+        return False
     shutil.rmtree(d, ignore_errors=True)
     base = [sys.executable, "-m", "ibtmpi"] + base
     if n > 1 and mpi:

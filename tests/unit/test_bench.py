@@ -243,3 +243,28 @@ def test_seeds_repeat_each_cell_and_the_report_gives_mean_and_sd(small_dataset, 
     assert f"({m:.4f} vs {bm:.4f}, {(bm - m) * 100:+.2f} pt, SE {se:.2f} pt over seeds" in md
     # the time table keeps one run (seed 0) per cell
     assert "| t1-ibt-2 | sim |" in md and "t1-ibt-2-s1 |" not in md
+
+
+def test_a_run_directory_a_live_run_holds_is_never_cleared(small_dataset, tmp_path):
+    """Two benches over one --out (a grid resumed while its first launch
+    still ran): the second one cleared the unfinished run's directory under
+    the live run, which then lost its checkpoints. It now leaves it alone."""
+    import subprocess
+    import sys
+    from ibtmpi import bench, runlock
+    d = tmp_path / "ma-2"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text('{"block": 0}\n')
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with open(d / runlock.NAME, "w") as f:
+            json.dump({"host": __import__("socket").gethostname(), "pid": holder.pid,
+                       "job": None, "started": "now", "token": "t"}, f)
+        said = []
+        assert bench.run_one(str(tmp_path), "ma-2", small_dataset, "ma", 2, [], False,
+                             log=said.append) is False
+        assert (d / "metrics.jsonl").read_text() == '{"block": 0}\n'
+        assert said and "not run:" in said[0] and "is in use by pid" in said[0]
+    finally:
+        holder.kill()
+        holder.wait()

@@ -34,7 +34,8 @@ def derive(cfg, n, split):
     batch = LOCAL_BATCH if split <= SMALL_SPLIT else cfg["data"]["batch"]
     return [("data.batch", batch),
             ("optim.warmup_passes", WARMUP_PASSES),
-            ("optim.clip_norm", CLIP_NORM)]
+            ("optim.clip_norm", CLIP_NORM),
+            ("optim.reset_momentum", RESET_MOMENTUM)]
 
 
 # the rule's constants (docs/config.md, algorithm.recipe, gives the evidence)
@@ -43,6 +44,8 @@ SMALL_SPLIT = 1024       # splits up to this take the small local batch
 LOCAL_BATCH = 8          # ... of this many samples: 4x the local steps of batch 31
 WARMUP_PASSES = 1.0      # linear lr warm-up over the first pass
 CLIP_NORM = 5.0          # the loss gradient's L2 norm, clipped
+RESET_MOMENTUM = False   # a worker keeps its local momentum across the syncs: 15.5
+                         # steps a block at N = 40 are too few to build it up anew
 
 
 def apply(cfg, n, split):
@@ -60,11 +63,16 @@ def apply(cfg, n, split):
     return out, done
 
 
+def _toml(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def describe(n, done):
     """The start-up line on what the recipe set, or None."""
     if not done:
         return None
     return (f"algorithm.recipe auto for N = {n}: "
-            + ", ".join(f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}"
-                        for k, v in done)
+            + ", ".join(f"{k} = {_toml(v)}" for k, v in done)
             + " (a value you set wins; algorithm.recipe = none: the plain defaults)")

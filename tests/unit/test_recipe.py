@@ -21,10 +21,12 @@ def test_auto_derives_the_documented_values_at_the_papers_block():
                                      "algorithm.recipe=auto"]), 1, 4960) == []
     want = [("data.batch", recipe.LOCAL_BATCH),
             ("optim.warmup_passes", recipe.WARMUP_PASSES),
-            ("optim.clip_norm", recipe.CLIP_NORM)]
+            ("optim.clip_norm", recipe.CLIP_NORM),
+            ("optim.reset_momentum", recipe.RESET_MOMENTUM)]
     assert recipe.derive(c, 10, 496) == want
     assert recipe.derive(c, 40, 124) == want
-    assert (recipe.LOCAL_BATCH, recipe.WARMUP_PASSES, recipe.CLIP_NORM) == (8, 1.0, 5.0)
+    assert (recipe.LOCAL_BATCH, recipe.WARMUP_PASSES, recipe.CLIP_NORM,
+            recipe.RESET_MOMENTUM) == (8, 1.0, 5.0, False)
     # a split too large for the small batch keeps its batch
     assert dict(recipe.derive(c, 10, 2480))["data.batch"] == 31
     # below the measured N: the defaults
@@ -38,7 +40,7 @@ def test_auto_derives_the_documented_values_at_the_papers_block():
 def test_the_users_values_win():
     c = _cfg("data.batch=31", "optim.clip_norm=0")
     out, done = recipe.apply(c, 40, 124)
-    assert done == [("optim.warmup_passes", 1.0)]
+    assert done == [("optim.warmup_passes", 1.0), ("optim.reset_momentum", False)]
     assert out["data"]["batch"] == 31 and out["optim"]["clip_norm"] == 0.0
     assert c["optim"]["warmup_passes"] == 0.0           # the caller's config is untouched
     line = recipe.describe(40, done)
@@ -57,10 +59,12 @@ def test_a_run_logs_writes_and_resumes_its_recipe(small_dataset, tmp_path):
     t.run()
     line = [m for m in logs if m.startswith("algorithm.recipe auto for N = 10")]
     assert line and "data.batch = 8" in line[0] and "optim.clip_norm = 5" in line[0]
+    assert "optim.reset_momentum = false" in line[0]
     with open(os.path.join(tmp_path, "r", "config.toml"), "rb") as f:
         saved = tomllib.load(f)
     assert (saved["data"]["batch"], saved["optim"]["warmup_passes"],
-            saved["optim"]["clip_norm"]) == (8, 1.0, 5.0)
+            saved["optim"]["clip_norm"], saved["optim"]["reset_momentum"]) == (8, 1.0, 5.0,
+                                                                              False)
     # the same command for 2 passes resumes (the derived values hash alike)
     # and equals the uninterrupted 2-pass run
     logs = []
@@ -90,8 +94,8 @@ def test_the_dry_run_names_what_the_recipe_sets(small_dataset, tmp_path, capsys)
             "--set", "data.block_size=160", "--set", "optim.clip_norm=2"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert ("algorithm.recipe auto for N = 10: data.batch = 8, optim.warmup_passes = 1 "
-            "(a value you set wins") in out
+    assert ("algorithm.recipe auto for N = 10: data.batch = 8, optim.warmup_passes = 1, "
+            "optim.reset_momentum = false (a value you set wins") in out
     assert "split 16 per worker (block 160), batch 8" in out
     assert "outer step: sgd (eta 0.25, zeta 1, Nesterov: gain 1.67)" in out
     assert main(args + ["--set", "algorithm.recipe=none"]) == 0

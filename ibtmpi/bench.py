@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from . import launcher
+from . import launcher, runlock
 from .consensus import ALGORITHMS
 from .fsutil import read_jsonl, save_figure
 from .monitor import STARVED_SHARE, starved_workers
@@ -70,9 +70,8 @@ def run_one(out_dir, name, data, algo, n, sets, mpi, log=print, fresh=False, dev
             log(f"  {name}: done earlier ("
                 + (f"test accuracy {acc:.4f}" if acc is not None else "diverged") + "), kept")
             return True
-    from . import runlock
-    try:                          # never clear a directory a live run holds (another
-        runlock.probe(d)          # bench over the same --out): its files would go
+    try:                          # never clear a directory a live run holds
+        runlock.probe(d)
     except runlock.RunDirBusy as e:
         log(f"  {name}: not run: {e}")
         return False

@@ -140,15 +140,20 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.pending_ok = False
         self.init_note = ""              # model.init: where the start came from
         self.run_dir = r["dir"]
-        self.cfg_hash = run_hash(cfg)
-        self.data_fp = digest(self.ds.meta)   # what the data is, wherever it lives
-        # the master's: what the shards hold (sampled rows), which a resume checks
-        self.data_content = self.ds.content_digest() if self.is_master else None
-        # whose checkpoints these are (the manifests and every rank file carry
-        # it): the master's, a fresh one or the resumed run's, sent with the
-        # resume candidates
-        self.run_id = ckpt.new_run_id() if self.is_master else None
+        self._identities(cfg)
         self.faults = Faults()
+
+    def _identities(self, cfg):
+        """What a checkpoint's manifest names: the configuration's digest,
+        the data's (dataset.json, wherever it lives; on the master also what
+        the shards hold, sampled rows, which a resume checks) and whose
+        checkpoints these are (the run id: the master's, a fresh one or the
+        resumed run's, sent with the resume candidates; every rank file
+        carries it)."""
+        self.cfg_hash = run_hash(cfg)
+        self.data_fp = digest(self.ds.meta)
+        self.data_content = self.ds.content_digest() if self.is_master else None
+        self.run_id = ckpt.new_run_id() if self.is_master else None
 
     def _roles(self, simulate):
         """Who this process is: n_workers, its local workers, master or not."""

@@ -58,3 +58,21 @@ def rank_pid(run_dir, rank):
                 or f"OMPI_COMM_WORLD_RANK={rank}".encode() in env):
             return int(d)
     return None
+
+
+def start_job(data, run_dir, env=None, passes=400):
+    """A long `mpiexec -n 3` training job (master + 2 workers) into run_dir,
+    returned (a Popen) once it printed its placement line and ran a second
+    more, for tests that stop, kill or hang up one of its processes."""
+    import subprocess
+    import time
+    p = subprocess.Popen(
+        mpiexec(3) + IBTMPI + ["train"] + train_args(
+            data, run_dir, passes=passes, **{"run.quiet": "false", "run.progress_s": 0}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, **(env or {})))
+    for line in p.stdout:
+        if line.startswith("placement:"):
+            break
+    time.sleep(1.0)
+    return p

@@ -9,22 +9,14 @@ import time
 
 import pytest
 
-from conftest import IBTMPI, MPIEXEC, mpiexec, rank_pid, train_args
+from conftest import IBTMPI, MPIEXEC, mpiexec, rank_pid, start_job, train_args
 
 pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
 
 
 def test_a_stopped_master_is_found_by_the_workers(small_dataset, tmp_path):
     run = tmp_path / "run"
-    p = subprocess.Popen(
-        mpiexec(3) + IBTMPI + ["train"] + train_args(
-            small_dataset, run, passes=400, **{"run.quiet": "false", "run.progress_s": 0}),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, IBTMPI_WATCHDOG_FLOOR_S="3"))
-    for line in p.stdout:
-        if line.startswith("placement:"):
-            break
-    time.sleep(1.0)
+    p = start_job(small_dataset, run, {"IBTMPI_WATCHDOG_FLOOR_S": "3"})
     master = rank_pid(run, 0)
     assert master, "rank 0 not found"
     t0 = time.time()
@@ -55,14 +47,7 @@ def test_a_hung_up_launcher_is_not_blamed_on_a_rank(small_dataset, tmp_path):
     status` and the next start name the launcher as a cause, and how to
     avoid it, not only a rank killed by the OOM killer."""
     run = tmp_path / "run"
-    p = subprocess.Popen(
-        mpiexec(3) + IBTMPI + ["train"] + train_args(
-            small_dataset, run, passes=400, **{"run.quiet": "false", "run.progress_s": 0}),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in p.stdout:
-        if line.startswith("placement:"):
-            break
-    time.sleep(1.0)
+    p = start_job(small_dataset, run)
     p.send_signal(signal.SIGHUP)
     p.communicate(timeout=60)
     time.sleep(0.5)                       # the watchers write as they see the end

@@ -427,17 +427,9 @@ def test_a_stopped_worker_is_found_by_the_default_watchdog(small_dataset, tmp_pa
     import subprocess
 
     import time
-    from conftest import IBTMPI, mpiexec
+    from conftest import IBTMPI, start_job
     run = tmp_path / "run"
-    p = subprocess.Popen(
-        mpiexec(3) + IBTMPI + ["train"] + train_args(
-            small_dataset, run, passes=400, **{"run.quiet": "false", "run.progress_s": 0}),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, IBTMPI_WATCHDOG_FLOOR_S="3"))
-    for line in p.stdout:
-        if line.startswith("placement:"):
-            break
-    time.sleep(1.0)
+    p = start_job(small_dataset, run, {"IBTMPI_WATCHDOG_FLOOR_S": "3"})
     worker = rank_pid(run, 2)
     assert worker, "rank 2 not found"
     t0 = time.time()

@@ -52,10 +52,10 @@ def input_norm(cfg, ds):
     [stds]] on the 0..1 scale, as torchvision's Normalize takes them. The
     model file records the result, so evaluate, predict, export and ONNX
     use the same. ValueError where the band count does not fit."""
-    spec = cfg["data"].get("normalize", "dataset")
-    c = int(ds.image_shape[2])
+    spec = cfg.get("data", {}).get("normalize", "dataset")
     if spec == "dataset":
         return np.asarray(ds.mean, np.float64), np.asarray(ds.std, np.float64)
+    c = int(ds.image_shape[2])
     if spec == "imagenet":
         if c != 3:
             raise ValueError(f"data.normalize = \"imagenet\" takes 3 bands (RGB); "

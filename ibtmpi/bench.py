@@ -40,7 +40,6 @@ FIXED_BLOCK_PAIR = ("admm", "ibt")  # T2, the paper's "traditional" vs "improved
 
 
 # -- run ---------------------------------------------------------------------
-
 MARK = "bench.json"          # in each run directory: what made it
 
 

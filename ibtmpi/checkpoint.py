@@ -52,6 +52,15 @@ def stamp(run_id, block):
     return f"{run_id}/{block}"
 
 
+def check_stamp(path, want):
+    """CheckpointError where the rank file at `path` does not carry `want`
+    (stamp(run_id, block) of the manifest that lists it)."""
+    got = str(read_rank(path, {"stamp": ((), "text")})["stamp"])
+    if got != want:
+        raise CheckpointError(f"{path} belongs to another checkpoint (it says {got!r}, the "
+                              f"manifest {want!r}: copied in from another run or block?)")
+
+
 def new_run_id():
     import uuid
     return uuid.uuid4().hex[:16]

@@ -326,11 +326,7 @@ class CheckpointState:
     def _load_reshaped(self, where, want):
         path = os.path.join(where, ckpt.rank_file(0))
         if want is not None:
-            got = str(ckpt.read_rank(path, {"stamp": ((), "text")})["stamp"])
-            if got != want:
-                raise ckpt.CheckpointError(
-                    f"{path} belongs to another checkpoint (it says {got!r}, the manifest "
-                    f"{want!r}: copied in from another run or block?)")
+            ckpt.check_stamp(path, want)
         if self.packet.B:
             self.zbuf = ckpt.read_rank(path, {"zbuf": ((self.packet.B,), np.float32)}
                                        )["zbuf"].copy()
@@ -447,14 +443,8 @@ class CheckpointState:
         if reshape:
             return self._load_reshaped(where, ckpt.stamp(run_id, k) if run_id else None)
         if run_id is not None:
-            want = ckpt.stamp(run_id, k)
             for r in sorted({0, self.rank}):
-                path = os.path.join(where, ckpt.rank_file(r))
-                got = str(ckpt.read_rank(path, {"stamp": ((), "text")})["stamp"])
-                if got != want:
-                    raise ckpt.CheckpointError(
-                        f"{path} belongs to another checkpoint (it says {got!r}, the "
-                        f"manifest {want!r}: copied in from another run or block?)")
+                ckpt.check_stamp(os.path.join(where, ckpt.rank_file(r)), ckpt.stamp(run_id, k))
         if self.cons is not None:
             self.cons.load(ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)),
                                           self.cons.state_spec()), self._put)

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import DeviceError
+
 BLOCK = 256
-
-
-class DeviceError(Exception):
-    """A device was asked for that this machine cannot provide."""
 
 
 def gpu_status():

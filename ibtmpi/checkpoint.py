@@ -30,19 +30,11 @@ import zlib
 
 import numpy as np
 
+from .errors import CheckpointError, DamagedCheckpoint
 from .fsutil import fsync_dir
 
 FORMAT = "ibtmpi-checkpoint"
 VERSION = 1
-
-
-class CheckpointError(Exception):
-    """A checkpoint is missing, incomplete, foreign or malformed."""
-
-
-class DamagedCheckpoint(CheckpointError):
-    """A manifest that cannot be read as one (a resume sets the checkpoint
-    aside and tries the previous one), not one of another version."""
 
 
 def stamp(run_id, block):

@@ -11,10 +11,7 @@ import argparse
 import sys
 
 from . import __version__
-
-
-class UsageError(Exception):
-    """Bad input: reported in one line, exit status 2."""
+from .errors import UsageError
 
 
 def _positive_int(text):
@@ -219,14 +216,6 @@ def _add_demo(sub):
     p.add_argument("--quiet", action="store_true")
 
 
-def _model(spec, size, classes, seed=0):
-    from .model import Model
-    try:
-        return Model(spec, (3, size, size), classes, seed=seed)
-    except ValueError as e:          # bad preset, layer spec or geometry
-        raise UsageError(str(e)) from None
-
-
 def cmd_info(args):
     from .envcmds import cmd_info as info
     return info(args)
@@ -248,7 +237,7 @@ def cmd_evaluate(args):
     import numpy as np
     from . import comm
     from .dataset import Dataset, DatasetError
-    from .memory import EXIT_NO_MEMORY
+    from .errors import EXIT_NO_MEMORY
     from .outputs import (NoPlotting, TrainedModelError, confusion, confusion_png,
                           format_report, load_trained, report, run_data_path)
     from .schedule import worker_range

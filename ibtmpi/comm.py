@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from .errors import MPIUnavailable
+
 try:
     from mpi4py import MPI
     MISSING = ""
@@ -26,10 +28,6 @@ except (ImportError, RuntimeError) as _e:   # RuntimeError: mpi4py found no libm
     MPI = None
     MISSING = (f"mpi4py could not be loaded ({type(_e).__name__}: "
                f"{str(_e).strip().splitlines()[0] if str(_e).strip() else ''})")
-
-
-class MPIUnavailable(RuntimeError):
-    """Several ranks were launched but this process has no usable MPI."""
 
 
 # set by the launchers in each rank's environment: Hydra/MPICH/Intel MPI and

@@ -15,14 +15,12 @@ import hashlib
 import json
 import math
 
+from .errors import ConfigError
+
 try:
     import tomllib
 except ImportError:                       # Python < 3.11
     import tomli as tomllib
-
-
-class ConfigError(Exception):
-    """Bad configuration: reported in one line, exit status 2."""
 
 
 SCHEDULES = ("constant", "step", "cosine")

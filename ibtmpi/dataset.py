@@ -21,13 +21,11 @@ import os
 
 import numpy as np
 
+from .errors import DatasetError
+
 FORMAT = "ibtmpi-dataset"
 VERSION = 1
 MAX_IMAGE_BYTES = 64 * 2**20          # refuse absurd per-image shapes
-
-
-class DatasetError(Exception):
-    """A dataset directory or file is missing, corrupt or inconsistent."""
 
 
 def _h5():

@@ -5,7 +5,15 @@ tests/unit/test_cli.py, test_hardening2.py."""
 import sys
 
 from . import __version__
-from .cli import UsageError, _model
+from .errors import UsageError
+
+
+def _model(spec, size, classes, seed=0):
+    from .model import Model
+    try:
+        return Model(spec, (3, size, size), classes, seed=seed)
+    except ValueError as e:          # bad preset, layer spec or geometry
+        raise UsageError(str(e)) from None
 
 
 def cmd_info(args):

@@ -3,7 +3,8 @@ how a failed write is reported."""
 import errno
 import os
 
-EXIT_STORAGE = 74      # a write failed: disk full, quota, read-only (EX_IOERR)
+from .errors import EXIT_STORAGE
+
 _STORAGE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG)
 
 

@@ -29,14 +29,11 @@ import tempfile
 
 import numpy as np
 
+from .errors import KernelError
 from .kernels import SOURCE_DIR, sources
 
 ARCHS = ("compute_70", "compute_80", "compute_90")
 _SIG = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
-
-
-class KernelError(Exception):
-    pass
 
 
 # -- NVRTC through ctypes --------------------------------------------------

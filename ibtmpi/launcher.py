@@ -14,9 +14,7 @@ import subprocess
 import sys
 from functools import lru_cache
 
-
-class LauncherError(RuntimeError):
-    pass
+from .errors import LauncherError
 
 
 def find_mpiexec():

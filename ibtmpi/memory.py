@@ -16,8 +16,6 @@ one line saying where and what to change, not a traceback.
 import resource
 import sys
 
-EXIT_NO_MEMORY = 71       # EX_OSERR: the system could not give what was asked
-
 MIB = 2 ** 20
 
 

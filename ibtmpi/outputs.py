@@ -17,16 +17,9 @@ import os
 
 import numpy as np
 
+from .errors import NoPlotting, TrainedModelError
 from .fsutil import read_jsonl, save_figure
 from .model import Model
-
-
-class TrainedModelError(Exception):
-    pass
-
-
-class NoPlotting(Exception):
-    """matplotlib is not installed (it is an extra: ibtmpi[plot])."""
 
 
 def pyplot():

@@ -33,17 +33,13 @@ import threading
 import time
 import uuid
 
-from .checkpoint import CheckpointError
+from .errors import RunDirBusy
 
 NAME = ".lock"
 HEARTBEAT_S = 60.0      # the holder refreshes the lock's mtime this often
 STALE_S = 600.0         # no refresh for this long: the holder is gone
 BREAK_STALE_S = 10.0    # a take-over lock this old was left by a dead starter
 ACQUIRE_S = 30.0        # how long a starter keeps trying while others race it
-
-
-class RunDirBusy(CheckpointError):
-    """Another live run holds the run directory."""
 
 
 def _job_id():

@@ -25,10 +25,6 @@ SCALARS = {
 }
 
 
-class TensorBoardError(RuntimeError):
-    pass
-
-
 def check_available():
     """ConfigError-worthy text where tensorboardX is missing, else None."""
     try:

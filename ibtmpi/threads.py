@@ -67,8 +67,7 @@ def configure(threads="auto", ranks_on_node=None):
         if n < 1:
             raise ValueError(f"threads must be >= 1 or 'auto', got {threads!r}")
     _limiter = threadpool_limits(limits=n)
-    from .ops import conv_taps          # its chunk threads follow the BLAS's
-    conv_taps.set_threads(n)
+    chosen["configured"] = n            # ops/conv_taps' chunk threads follow it
     return n
 
 

@@ -62,6 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import threads
 from .common import Workspace, _buf
 
 CHUNK_BYTES = 2 * 2**20     # measured: 0.5-8 MiB all within noise on a 1 MiB-L2 core
@@ -70,17 +71,15 @@ _tls = threading.local()    # each thread's chunk buffers
 _state = {"threads": None, "pool": None, "pool_n": 0, "blas": None}
 
 
-def set_threads(n):
-    """The threads a conv's chunks run on (threads.configure sets it to the
-    BLAS thread count; until then it is read from the BLAS once)."""
-    _state["threads"] = max(1, int(n))
-
-
 def _threads():
-    if _state["threads"] is None:
-        from ..threads import current_blas_threads
-        _state["threads"] = current_blas_threads() or 1
-    return _state["threads"]
+    """The threads a conv's chunks run on: the BLAS thread count that
+    threads.configure set; before it, the BLAS's own, read once."""
+    n = threads.chosen.get("configured")
+    if n is None:
+        if _state["threads"] is None:
+            _state["threads"] = threads.current_blas_threads() or 1
+        n = _state["threads"]
+    return max(1, int(n))
 
 
 def _scratch():

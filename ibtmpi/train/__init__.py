@@ -2,7 +2,7 @@
 parts; docs/architecture.md has the map. ``Trainer`` is the entry for
 code; ``ibtmpi train`` goes through entry.py.
 """
-from .lifecycle import (EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, InjectedFault, Preempted,
+from ..errors import (EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, InjectedFault, Preempted,
                         WatchdogTimeout)
 from .master import BEST
 from .trainer import Trainer

@@ -9,6 +9,8 @@ Tests: tests/unit/test_cli.py, test_faults.py, tests/mpi/test_trainer_mpi.py.
 import sys
 import time
 
+from .lifecycle import keep_error
+
 
 def choose_device(asked, log, master=True):
     """cpu | gpu for --device asked, the same on every rank (collective):
@@ -155,12 +157,10 @@ def _start_up(args, st, size, rank, log):
 
 def _train(st, size, rank, log):
     """trainer.run(), and each way it can end as an exit status."""
-    from ..checkpoint import CheckpointError
-    from ..config import ConfigError
-    from ..dataset import DatasetError
-    from ..fsutil import EXIT_STORAGE, is_storage_error
-    from .lifecycle import (EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PREEMPTED, Diverged,
-                            Preempted, WatchdogTimeout)
+    from ..errors import (EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_STORAGE,
+                          CheckpointError, ConfigError, DatasetError, Diverged,
+                          Preempted, WatchdogTimeout)
+    from ..fsutil import is_storage_error
     trainer, cfg = st.trainer, st.cfg
     try:
         trainer.run()
@@ -174,7 +174,7 @@ def _train(st, size, rank, log):
         msg = f"ibtmpi train: {e}"
         log(msg)
         if rank == 0:                   # for `ibtmpi status`: diverged at block k
-            _keep_error(cfg, rank, f"[rank 0] {msg}")
+            keep_error(cfg, rank, f"[rank 0] {msg}")
         return EXIT_DIVERGED
     except (CheckpointError, ConfigError) as e:   # what run() finds before block 0
         if getattr(e, "agreed", False):  # every rank raised it: end in order
@@ -186,7 +186,7 @@ def _train(st, size, rank, log):
         msg = (f"[rank {rank}] ibtmpi train: error in block {trainer.block}: {e}. "
                f"Complete checkpoints are kept: the same command resumes once the "
                f"data set is whole")
-        _keep_error(cfg, rank, msg)        # `ibtmpi status`: failed, and why
+        keep_error(cfg, rank, msg)        # `ibtmpi status`: failed, and why
         return fail(msg, 2, size, rank, every_rank=True)
     except OSError as e:
         if is_storage_error(e):          # disk full, quota, read-only: say so in one line
@@ -195,7 +195,7 @@ def _train(st, size, rank, log):
                    f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
                    f"Complete checkpoints are kept: free space (or fix the file "
                    f"system) and run the same command again to resume")
-            _keep_error(cfg, rank, msg)    # a few bytes: often still room for them
+            keep_error(cfg, rank, msg)    # a few bytes: often still room for them
             return fail(msg, EXIT_STORAGE, size, rank, every_rank=True)
         return _crash(trainer, cfg, size, rank)
     except MemoryError as e:             # CuPy's OutOfMemoryError, NumPy's too
@@ -204,7 +204,7 @@ def _train(st, size, rank, log):
         msg = (f"[rank {rank}] ibtmpi train: hung rank: {e}. The job is aborted; "
                f"complete checkpoints are kept (rerun to resume); run.watchdog_s sets "
                f"the limit (0: off)")
-        _keep_error(cfg, rank, msg)
+        keep_error(cfg, rank, msg)
         return fail(msg, 1, size, rank, every_rank=True)
     except Exception:
         return _crash(trainer, cfg, size, rank)
@@ -215,7 +215,8 @@ def _out_of_memory(err, trainer, cfg, ops, size, rank):
     """A rank ran out of memory: one line (kept in RUN/error-rank-R.txt)
     naming the GPU or host memory, where in the run and what to change; the
     job is aborted with EXIT_NO_MEMORY."""
-    from ..memory import EXIT_NO_MEMORY, MIB, oom_text
+    from ..errors import EXIT_NO_MEMORY
+    from ..memory import MIB, oom_text
     gpu = pool = None
     if (ops is None and trainer is not None and getattr(trainer, "sdev", None) is not None
             and type(err).__name__ == "OutOfMemoryError"):    # CuPy's: the master's GPU
@@ -231,20 +232,8 @@ def _out_of_memory(err, trainer, cfg, ops, size, rank):
     else:
         msg = oom_text(err, rank, trainer.phase, trainer.block, batch, gpu, pool,
                        trainer.sharing(), master=not trainer.local)
-    _keep_error(cfg, rank, msg)
+    keep_error(cfg, rank, msg)
     return fail(msg, EXIT_NO_MEMORY, size, rank, every_rank=True)
-
-
-def _keep_error(cfg, rank, msg):
-    """RUN/error-rank-R.txt: the launcher may drop output on abort."""
-    import os
-    if cfg is None:
-        return
-    try:
-        from ..fsutil import replace_file
-        replace_file(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), msg + "\n")
-    except OSError:
-        pass
 
 
 def _crash(trainer, cfg, size, rank):
@@ -253,7 +242,7 @@ def _crash(trainer, cfg, size, rank):
     import traceback
     msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
            f"{trainer.phase}:\n" + traceback.format_exc())
-    _keep_error(cfg, rank, msg.rstrip("\n"))
+    keep_error(cfg, rank, msg.rstrip("\n"))
     return fail(msg, 1, size, rank, every_rank=True, one_line=False)
 
 

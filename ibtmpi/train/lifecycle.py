@@ -1,6 +1,6 @@
-"""A training job's life around the blocks: how it ends (the exceptions the
-launch entry turns into exit statuses), injected faults for the tests,
-the time limit, stop signals, the profile and earlier jobs' error files.
+"""A training job's life around the blocks: injected faults for the tests,
+the time limit, stop signals, the profile and earlier jobs' error files
+(the exceptions that end a job and their exit statuses: errors.py).
 
 Nothing here knows an algorithm, a layer or MPI; the trainer asks.
 Tests: tests/unit/test_faults.py, test_time_limit.py, test_profile.py,
@@ -13,30 +13,10 @@ import os
 import sys
 import time
 
-EXIT_PREEMPTED = 75         # checkpointed after SIGTERM/SIGUSR1: resubmit to resume
-EXIT_DIVERGED = 4
+from ..errors import EXIT_INTERRUPTED, InjectedFault
+
 TIME_MARGIN_S = 30.0        # kept free before a time limit, besides 2 blocks + a
                             # checkpoint (at most 5% of the time the run was given)
-
-
-class Preempted(Exception):
-    """All ranks agreed to stop after a signal; a checkpoint was written."""
-
-
-def agreed(err):
-    """Mark an error that every rank raised alike, after a collective that
-    told them all: the job then ends in order (exit 2, one line from rank 0),
-    without MPI_Abort."""
-    err.agreed = True
-    return err
-
-
-class Diverged(Exception):
-    """Non-finite loss or model; the last good checkpoint is kept."""
-
-
-class WatchdogTimeout(RuntimeError):
-    """A block ran past run.watchdog_s; names the ranks that had not arrived."""
 
 
 # run.watchdog_s = auto: no limit in a job's first block (start-up, caches,
@@ -140,10 +120,6 @@ def watchdog_limit(setting, k, start, slowest):
     return float(setting) or None
 
 
-class InjectedFault(RuntimeError):
-    """Raised by IBTMPI_FAULT=rank:block:phase (tests of fail-fast)."""
-
-
 class Faults:
     """IBTMPI_FAULT=rank:block:phase: a fault the tests inject. Phases that
     raise where the trainer enters them (setup, compute, allreduce,
@@ -243,7 +219,6 @@ def resolve_deadline(spec, env=None, clock=time.time):
     return None, ""
 
 
-EXIT_INTERRUPTED = 130      # Ctrl-C: checkpointed at the end of the block (or at once)
 SECOND_PRESS_S = 1.0        # a terminal and the launcher both deliver one Ctrl-C
 
 
@@ -320,6 +295,17 @@ def write_profile(prof, run_dir, rank, block, phase, top=40):
             f.write(text.getvalue())
     except OSError as e:
         print(f"[rank {rank}] run.profile: cannot write {base}.*: {e}", file=sys.stderr)
+
+
+def keep_error(cfg, rank, msg):
+    """RUN/error-rank-R.txt: the launcher may drop output on abort."""
+    if cfg is None:
+        return
+    try:
+        from ..fsutil import replace_file
+        replace_file(os.path.join(cfg["run"]["dir"], f"error-rank-{rank}.txt"), msg + "\n")
+    except OSError:
+        pass
 
 
 def retire_errors(run_dir, before):

@@ -24,7 +24,7 @@ from .. import checkpoint as ckpt
 from .. import comm as mpi
 from ..config import (ConfigError, change_text, config_changes, config_diff, hashed_config,
                       legacy_hashes, tunable)
-from .lifecycle import agreed
+from ..errors import agreed
 from .packet import FLAG_CKPT
 
 # what a resume on another worker count may change beyond RESUME_TUNABLE:

@@ -25,9 +25,10 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory
+from ..errors import Diverged, WatchdogTimeout
+from . import lifecycle
 from .lifecycle import (WATCHDOG_FACTOR, WATCHDOG_FLOOR_S, WATCHDOG_GRACE_S, WORKER_STAGGER_S,
-                        Alarm, Diverged, WatchdogTimeout, stuck_ranks, watchdog_limit,
-                        worker_limit)
+                        Alarm, stuck_ranks, watchdog_limit, worker_limit)
 from .packet import FLAG_CKPT, FLAG_EARLY, FLAG_NONFINITE, FLAG_STOP
 
 
@@ -272,7 +273,6 @@ class BlockSteps:
         `waited` seconds and the master's watchdog has not ended the job:
         the master is stopped, hung or lost. One line (kept for `ibtmpi
         status`), and the job is aborted (exit 1)."""
-        from .entry import _keep_error
         stuck = stuck_ranks(getattr(self, "placement", None))
         said = (f"rank 0 (the master) is {stuck[0]}" if 0 in stuck else
                 "the master (rank 0) did not end it: stopped, hung or its node lost")
@@ -282,7 +282,7 @@ class BlockSteps:
                + ". The job is aborted; complete checkpoints are kept (rerun to resume); "
                  "run.watchdog_s sets the limit (0: off)")
         print(msg, file=sys.stderr, flush=True)
-        _keep_error(self.cfg, self.rank, msg)
+        lifecycle.keep_error(self.cfg, self.rank, msg)
         try:
             mpi.abort(1)
         finally:
@@ -292,7 +292,6 @@ class BlockSteps:
         """Master, timer thread: every rank arrived but the block's Allreduce
         has not completed past the limit: one line, kept for `ibtmpi
         status`, and the job is aborted (exit 1)."""
-        from .entry import _keep_error
         stuck = self._stuck_text()
         msg = (f"[rank 0] ibtmpi train: hung rank: block {k} ran past {why}; every rank "
                f"had reached the Allreduce but it did not complete"
@@ -300,7 +299,7 @@ class BlockSteps:
                + ". The job is aborted; complete checkpoints are kept (rerun to resume); "
                  "run.watchdog_s sets the limit (0: off)")
         print(msg, file=sys.stderr, flush=True)
-        _keep_error(self.cfg, 0, msg)
+        lifecycle.keep_error(self.cfg, 0, msg)
         try:
             mpi.abort(1)
         finally:

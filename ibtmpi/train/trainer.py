@@ -34,7 +34,8 @@ from ..loader import WorkerData
 from ..model import Model
 from ..schedule import Schedule, split_size_for
 from . import lifecycle
-from .lifecycle import Deadline, Faults, Preempted
+from ..errors import Preempted
+from .lifecycle import Deadline, Faults
 from .evaluation import MasterEvaluation
 from .master import MasterReports
 from .packet import BlockPacket

@@ -66,7 +66,7 @@ def test_injected_fault_ends_the_job_fast(small_dataset, tmp_path, rank, phase, 
         time.sleep(0.1)
     assert main(["status", str(tmp_path / "r")]) == 0
     assert (f": [rank {rank}] ibtmpi train failed in block 2, phase {phase}: "
-            f"ibtmpi.train.lifecycle.InjectedFault: injected fault on rank {rank}, block 2, "
+            f"ibtmpi.errors.InjectedFault: injected fault on rank {rank}, block 2, "
             f"phase {phase} (see error-rank-{rank}.txt)") in capsys.readouterr().out
 
 

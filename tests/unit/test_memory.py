@@ -11,7 +11,7 @@ import pytest
 from conftest import MPIEXEC, mpiexec, train_args
 from fakecupy import POOL, FakeCupy
 
-from ibtmpi import memory
+from ibtmpi import errors, memory
 from ibtmpi.backend import GpuOps
 from ibtmpi.config import load
 from ibtmpi.train import Trainer
@@ -109,7 +109,7 @@ def test_out_of_gpu_memory_in_one_process(small_dataset, tmp_path):
     r = subprocess.run([sys.executable, "-m", "ibtmpi", "train", "--device", "gpu",
                         "--simulate", "2"] + train_args(small_dataset, run, passes=0.5),
                        env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == memory.EXIT_NO_MEMORY, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.returncode == errors.EXIT_NO_MEMORY, r.stdout[-2000:] + r.stderr[-2000:]
     assert ("[rank 0] ibtmpi train: out of memory (GPU 0) in block 0, phase compute: "
             "Out of memory allocating") in r.stderr
     assert "limit set to: 300,000 bytes" in r.stderr
@@ -136,7 +136,7 @@ def test_out_of_gpu_memory_on_one_worker_ends_the_job(small_dataset, tmp_path):
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert time.time() - t0 < 60
-    assert r.returncode == memory.EXIT_NO_MEMORY, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.returncode == errors.EXIT_NO_MEMORY, r.stdout[-2000:] + r.stderr[-2000:]
     assert "[rank 2] ibtmpi train: out of memory (GPU 0) in block 0, phase compute" in r.stderr
     assert "fewer worker processes on each GPU (2 share this one" in r.stderr
     assert "Traceback" not in r.stderr
@@ -189,7 +189,7 @@ def test_evaluate_out_of_gpu_memory_names_batch_and_a_smaller_one_works(
                               + list(extra), env=env, capture_output=True, text=True,
                               timeout=120)
     r = evaluate("--device", "gpu", limit=200_000)
-    assert r.returncode == memory.EXIT_NO_MEMORY, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.returncode == errors.EXIT_NO_MEMORY, r.stdout[-2000:] + r.stderr[-2000:]
     assert "[rank 0] ibtmpi evaluate: out of memory (GPU 0): Out of memory" in r.stderr
     assert r.stderr.rstrip().endswith("Lower --batch (now 256)")
     assert "Traceback" not in r.stderr

@@ -250,7 +250,7 @@ def test_a_run_stuck_at_chance_says_so_once(small_dataset, tmp_path, lr, warned)
 def test_ssgd_divergence_is_reported_not_a_crash(small_dataset, tmp_path):
     """ssgd has no rho: its divergence message advises a lower lr alone
     (it raised AttributeError on uses_rho before)."""
-    from ibtmpi.train.lifecycle import Diverged
+    from ibtmpi.errors import Diverged
     c = load(None, [f"data.path={small_dataset}", "algorithm.name=ssgd", "optim.lr=1e6",
                     "model.layers=tiny", "run.simulate=2", "run.quiet=true",
                     f"run.dir={tmp_path / 'r'}", "run.threads=1", "data.split_size=40"])

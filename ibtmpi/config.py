@@ -1,10 +1,16 @@
 """Run configuration: TOML with sections data, model, algorithm, optim, run.
 
-``load(path, overrides)`` merges the defaults below, the file, and
-``--set section.key=value`` overrides (values parsed as TOML, bare words
-as strings), then validates: unknown sections/keys are errors with a
-did-you-mean, types and ranges are checked. Every default is documented
-in docs/config.md. Test: tests/unit/test_config.py.
+Every key is declared by the code that reads it (settings.py's ``Key``: an
+algorithm's in consensus/, an optimizer's in optim/, the lr schedule's in
+optim/lr.py, data.py's, model.py's, recipe.py's; the driver's [run] keys
+below); importing those modules collects them. ``load(path, overrides)``
+merges the defaults, the file, and ``--set section.key=value`` overrides
+(values parsed as TOML, bare words as strings), then validates: unknown
+sections/keys are errors with a did-you-mean, each key's declared check
+and its owner's rules across keys. The checkpoint digest (``hashed_config``)
+and the keys a resume may change come from the same declarations, and so
+do docs/config.md's tables (``doc_tables``; tools/config_doc.py).
+Tests: tests/unit/test_settings.py, test_docs_config.py, test_cli.py.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 
 from .errors import ConfigError
 
@@ -23,96 +30,105 @@ except ImportError:                       # Python < 3.11
     import tomli as tomllib
 
 
-SCHEDULES = ("constant", "step", "cosine")
+from . import consensus, data, model, optim, recipe  # noqa: F401  (they declare their keys)
+from . import settings
+from .settings import ENUM_WHY, RULES, SCHEMA, SECTIONS, Key, bad, declare, non_negative, rule
 
-DEFAULTS = {
-    "data": {
-        "path": "",              # dataset directory (ibtmpi prep ...)
-        "split_size": 0,         # samples per worker per block; 0: use block_size
-        "block_size": 0,         # samples per block over all workers (split = block / N)
-        "batch": 32,             # minibatch size of the local SGD steps
-        "augment": False,        # random flips / 90-degree rotations
-        "cache": "auto",         # auto | memory | disk
-        "seed": 0,               # shuffling and augmentation
-        "normalize": "dataset",  # dataset | imagenet | [[means], [stds]] (0..1 scale)
-    },
-    "model": {
-        "layers": "reference",   # preset name or a list of layer tables
-        "seed": 0,               # He initialisation
-        "init": "",              # start from a trained model instead: a run
-                                 # directory, its model.npz or a checkpoint dir
-    },
-    "algorithm": {
-        "name": "ibt",
-        "recipe": "auto",        # auto: the settings measured for this N (ibtmpi/recipe.py)
-                                 # where you set none | none: the plain defaults
-        "rho": 0.01,             # ADMM penalty (admm, ibt)
-        "l2": 0.0,               # lambda of the consensus L2 term (admm z-update)
-        "adaptive_rho": False,   # residual balancing (Boyd et al. 3.4.1)
-        "rho_mu": 10.0,
-        "rho_tau": 2.0,
-        "over_relaxation": 1.0,  # alpha in [1, 1.8] (admm, ibt)
-        "dual_reset": False,     # zero the duals at every block
-        "outer": "auto",         # the outer optimizer on the consensus mean (consensus/
-                                 # outer.py): auto (the algorithm's own) | average | sgd
-        "block_momentum": 0.25,  # eta of the sgd outer optimizer (bmuf, ibt); < 0 means
-                                 # CNTK's 1 - 1/N
-        "block_lr": 1.0,         # zeta of the sgd outer optimizer (bmuf, ibt)
-        "nesterov": True,        # NBM start point (bmuf); ibt is always Nesterov
-        "outer_schedule": "none",  # zeta x the local lr's schedule: none | warmup (its
-                                 # ramp only) | lr (lr_t / lr, the whole run)
-        "easgd_beta": 0.9,       # EASGD: alpha = beta / N
-        "warmup_steps": 0,       # ssgd steps (gradient Allreduce) before block 0
-    },
-    "optim": {
-        "name": "sgd",           # the local optimizer (ibtmpi/optim/: sgd, adam, adamw)
-        "lr": 0.02,
-        "momentum": 0.9,         # sgd
-        "weight_decay": 5e-4,    # sgd, adam: L2 in the gradient; adamw: decoupled
-        "nesterov": False,       # sgd
-        "reset_momentum": True,  # sgd: zero the local momentum after every sync
-        "betas": [0.9, 0.999],   # adam, adamw: the moments' decay rates
-        "eps": 1e-8,             # adam, adamw: added to the denominator
-        "clip_norm": 0.0,        # clip each step's loss gradient to this L2 norm; 0: off
-        "reset_state": "auto",   # zero the optimizer state after every sync:
-                                 # auto (sgd: reset_momentum; adam/adamw: false) | true | false
-        "schedule": "constant",  # constant | step | cosine: lr per block (ssgd: per step)
-        "milestones": [],        # step: passes at which lr is multiplied by gamma
-        "gamma": 0.1,            # step: the factor
-        "decay_passes": 0.0,     # cosine: passes to decay over; 0: run.passes
-        "final_ratio": 0.0,      # cosine: the last lr as a fraction of lr
-        "warmup_passes": 0.0,    # linear lr warm-up (any schedule)
-    },
-    "run": {
-        "dir": "runs/run",       # run directory (config, metrics, model)
-        "passes": 1.0,           # passes over the training data (fractions ok)
-        "eval_every": 0,         # evaluate z on val every k blocks; 0: each pass
-        "threads": "auto",       # BLAS threads per rank
-        "quiet": False,
-        "progress_s": 60.0,      # seconds between progress lines in batch logs; 0: off
-        "simulate": 0,           # > 0: N logical workers in one process
-        "checkpoint_every": 0,   # blocks between checkpoints; 0: once per pass
-        "keep_checkpoints": 2,   # complete checkpoints kept
-        "resume": "auto",        # auto | always | never | reshape (another worker count)
-        "watchdog_s": "auto",    # abort a block running longer (MPI runs): auto =
-                                 # max(60 s, 10x the slowest block so far); 0: off
-        "cuda_aware": "auto",    # GPU workers: auto | on | off (device buffers to MPI)
-        "eval_device": "auto",   # the master's evaluation: auto | cpu | gpu
-        "gpu_math": "fp32",      # GPU GEMMs: fp32 | tf32 (tensor cores)
-        "cuda_graphs": "auto",   # GPU workers' steps from CUDA graphs: auto | on | off
-        "master_device": "auto", # a master of its own's consensus state: auto | cpu | gpu
-        "time_limit": "auto",    # stop with a checkpoint before it: auto (the Slurm
-                                 # job's end) | none | 90m, 4h, 1:30:00, 2-00:00:00
-        "profile": False,        # cProfile every rank: RUN/profile-rank-R.txt/.pstats
-        "keep_best": True,       # RUN/model-best.npz: the z with the best val accuracy
-        "early_stop": 0,         # stop after this many evaluations without a better
-                                 # val accuracy; 0: off
-        "early_stop_delta": 0.0, # early_stop: better means val accuracy up by more
-                                 # than this (0: any better evaluation)
-        "timeline": False,       # RUN/timeline.json: every rank's phases (Chrome trace)
-        "tensorboard": False,    # RUN/tb/: the master's metrics as TensorBoard events
-    },
-}
+
+# -- [run]: the driver's settings; none changes a result, so none is part of
+# the digest a checkpoint must match ------------------------------------------
+def _threads_setting(value, where):
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise bad(where, f"must be 'auto' or an integer >= 1, got {value!r}")
+
+
+def _watchdog_setting(value, where):
+    if value == "auto" or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                           and math.isfinite(value) and value >= 0):
+        return value if value == "auto" else float(value)
+    raise bad(where, f"must be 'auto', 0 (off) or a number of seconds > 0, got {value!r}")
+
+
+def _time_limit_setting(value, where):
+    if isinstance(value, datetime.time):          # TOML read 01:30:00 as a time
+        value = value.isoformat()
+    if not isinstance(value, str):
+        raise bad(where, f"needs a unit: 90m, 4h, 1:30:00 or 2-00:00:00 (or auto, none), "
+                         f"got {value!r}")
+    parse_duration(value, where)                  # an error now, not at the end
+    return value
+
+
+RUN = {"hashed": False}
+declare(
+    "run",
+    Key("dir", "runs/run", "run directory (config, metrics, model)", **RUN),
+    Key("passes", 1.0, "passes over the training data (fractions ok)",
+        check=lambda v: v > 0, why="{where} must be > 0", **RUN),
+    Key("eval_every", 0, "evaluate z on val every k blocks; 0: each pass",
+        check=non_negative, why="{where} must be >= 0", shown="0 (= once per pass)", **RUN),
+    Key("threads", "auto", "BLAS threads per rank", parse=_threads_setting, **RUN),
+    Key("quiet", False, "", **RUN),
+    Key("progress_s", 60.0, "seconds between progress lines in batch logs; 0: off",
+        check=non_negative, why="{where} must be >= 0", shown="60", **RUN),
+    Key("simulate", 0, "> 0: N logical workers in one process", check=non_negative,
+        why="{where} must be >= 0", **RUN),
+    Key("checkpoint_every", 0, "blocks between checkpoints; 0: once per pass",
+        check=non_negative, why="{where} must be >= 0", shown="0 (= once per pass)", **RUN),
+    Key("keep_checkpoints", 2, "complete checkpoints kept", check=lambda v: v >= 1,
+        why="{where} must be >= 1", **RUN),
+    Key("resume", "auto", "auto | always | never | reshape (another worker count)",
+        choices=("auto", "always", "never", "reshape"), why=ENUM_WHY,
+        **RUN),
+    Key("watchdog_s", "auto", "abort a block running longer (MPI runs): auto = max(60 s, "
+        "10x the slowest block so far); 0: off", parse=_watchdog_setting, **RUN),
+    Key("cuda_aware", "auto", "GPU workers: auto | on | off (device buffers to MPI)",
+        choices=("auto", "on", "off"), why=ENUM_WHY,
+        **RUN),
+    Key("eval_device", "auto", "the master's evaluation: auto | cpu | gpu",
+        choices=("auto", "cpu", "gpu"), why=ENUM_WHY,
+        **RUN),
+    Key("gpu_math", "fp32", "GPU GEMMs: fp32 | tf32 (tensor cores)",
+        choices=("fp32", "tf32"), why=ENUM_WHY,
+        **RUN),
+    Key("cuda_graphs", "auto", "GPU workers' steps from CUDA graphs: auto | on | off",
+        choices=("auto", "on", "off"), why=ENUM_WHY,
+        **RUN),
+    Key("master_device", "auto", "a master of its own's consensus state: auto | cpu | gpu",
+        choices=("auto", "cpu", "gpu"), why=ENUM_WHY,
+        **RUN),
+    Key("time_limit", "auto", "stop with a checkpoint before it: auto (the Slurm job's "
+        "end) | none | 90m, 4h, 1:30:00, 2-00:00:00", parse=_time_limit_setting, **RUN),
+    Key("profile", False, "cProfile every rank: RUN/profile-rank-R.txt/.pstats", **RUN),
+    Key("keep_best", True, "RUN/model-best.npz: the z with the best val accuracy", **RUN),
+    Key("early_stop", 0, "stop after this many evaluations without a better val "
+        "accuracy; 0: off", check=non_negative, why="{where} must be >= 0 (0: off)",
+        shown="0 (off)", **RUN),
+    Key("early_stop_delta", 0.0, "early_stop: better means val accuracy up by more than "
+        "this", check=lambda v: 0 <= v < 1,
+        why="{where} must be in [0, 1) (a val accuracy difference)", **RUN),
+    Key("timeline", False, "RUN/timeline.json: every rank's phases (Chrome trace)", **RUN),
+    Key("tensorboard", False, "RUN/tb/: the master's metrics as TensorBoard events", **RUN),
+)
+
+
+@rule("run")
+def _early_stop_rule(cfg):
+    r = cfg["run"]
+    if r["early_stop_delta"] and not r["early_stop"]:
+        return "run.early_stop_delta is set but run.early_stop is 0 (off)"
+    if r["tensorboard"]:
+        from .tensorboard import check_available
+        return check_available()          # tensorboardX missing: how to get it
+    return None
+
+
+# every section's defaults, collected from the declarations (the only place a
+# default lives), in config.toml's order. load() and the checks read the
+# declarations themselves, so a key declared later (a plug-in) takes part too.
+DEFAULTS = {s: {k: copy.deepcopy(key.default) for k, key in SCHEMA[s].items()}
+            for s in SECTIONS}
 
 _TYPES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
           list: "a list (e.g. [30, 45])"}
@@ -162,53 +178,13 @@ def _suggest(word, options):
 
 
 def _coerce(section, key, value):
-    default = DEFAULTS[section][key]
-    where = f"{section}.{key}"
-    if section == "model" and key == "layers":
-        if not isinstance(value, (str, list)):
-            raise ConfigError(f"{where} must be a preset name or a list of layers")
-        return value
-    if key == "threads":
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            return value
-        raise ConfigError(f"{where} must be 'auto' or an integer >= 1, got {value!r}")
-    if key == "watchdog_s":
-        if value == "auto" or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                               and math.isfinite(value) and value >= 0):
-            return value if value == "auto" else float(value)
-        raise ConfigError(f"{where} must be 'auto', 0 (off) or a number of seconds > 0, "
-                          f"got {value!r}")
-    if key == "reset_state":
-        if value == "auto" or isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where} must be auto, true or false, got {value!r}")
-    if section == "data" and key == "normalize":
-        if value in ("dataset", "imagenet"):
-            return value
-        if (isinstance(value, list) and len(value) == 2
-                and all(isinstance(v, list) and v for v in value)
-                and len(value[0]) == len(value[1])
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                        and math.isfinite(x) for v in value for x in v)
-                and all(x > 0 for x in value[1])):
-            return [[float(x) for x in v] for v in value]
-        raise ConfigError(f"{where} must be \"dataset\", \"imagenet\" or [[means], [stds]] "
-                          f"(one per band, on the 0..1 scale, stds > 0), got {value!r}")
-    if key == "betas":
-        if (isinstance(value, list) and len(value) == 2
-                and all(isinstance(b, (int, float)) and not isinstance(b, bool)
-                        and math.isfinite(b) for b in value)):
-            return [float(b) for b in value]
-        raise ConfigError(f"{where} must be two numbers [beta1, beta2], got {value!r}")
-    if key == "time_limit":
-        if isinstance(value, datetime.time):          # TOML read 01:30:00 as a time
-            value = value.isoformat()
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} needs a unit: 90m, 4h, 1:30:00 or 2-00:00:00 "
-                              f"(or auto, none), got {value!r}")
-        parse_duration(value, where)                  # an error now, not at the end
-        return value
-    t = type(default)
+    """value as the key's type: its own parse, or its default's type (an
+    integer where a number is wanted is one)."""
+    k = SCHEMA[section][key]
+    where = k.where
+    if k.parse is not None:
+        return k.parse(value, where)
+    t = type(k.default)
     if t is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not t:
@@ -256,12 +232,12 @@ def parse_duration(text, where="run.time_limit"):
 
 
 def _merge(cfg, section, key, value, origin):
-    if section not in DEFAULTS:
+    if section not in SECTIONS:
         raise ConfigError(f"{origin}: unknown section [{section}]"
-                          f"{_suggest(section, list(DEFAULTS))}")
-    if key not in DEFAULTS[section]:
+                          f"{_suggest(section, list(SECTIONS))}")
+    if key not in SCHEMA[section]:
         raise ConfigError(f"{origin}: unknown key {section}.{key}"
-                          f"{_suggest(key, list(DEFAULTS[section]))}")
+                          f"{_suggest(key, list(SCHEMA[section]))}")
     cfg[section][key] = _coerce(section, key, value)
 
 
@@ -286,7 +262,7 @@ class Config(dict):
 
 
 def load(path=None, overrides=()):
-    cfg = Config(copy.deepcopy(DEFAULTS))
+    cfg = Config({s: settings.defaults(s) for s in SECTIONS})
     given = set()
     if path:
         try:
@@ -299,7 +275,7 @@ def load(path=None, overrides=()):
         for section, table in raw.items():
             if not isinstance(table, dict):
                 raise ConfigError(f"{path}: top-level key {section!r} must be a "
-                                  f"[section]{_suggest(section, list(DEFAULTS))}")
+                                  f"[section]{_suggest(section, list(SECTIONS))}")
             for key, value in table.items():
                 _merge(cfg, section, key, value, path)
                 given.add(f"{section}.{key}")
@@ -313,100 +289,71 @@ def load(path=None, overrides=()):
 
 
 def validate(cfg):
-    from .consensus import ALGORITHMS, OUTER, OUTER_SCHEDULES  # the registries
-    from .recipe import RECIPES
-    from .optim import OPTIMIZERS
-    d, a, o, r = cfg["data"], cfg["algorithm"], cfg["optim"], cfg["run"]
-    checks = [
-        (d["batch"] >= 1, "data.batch must be >= 1"),
-        (d["split_size"] >= 0 and d["block_size"] >= 0,
-         "data.split_size and data.block_size must be >= 0"),
-        (not (d["split_size"] and d["block_size"]),
-         "give data.split_size or data.block_size, not both"),
-        (d["cache"] in ("auto", "memory", "disk"), "data.cache must be auto, memory or disk"),
-        (0 <= d["seed"] < 2**32, f"data.seed must be in 0 .. 2**32 - 1, got {d['seed']}"),
-        (0 <= cfg["model"]["seed"] < 2**32,
-         f"model.seed must be in 0 .. 2**32 - 1, got {cfg['model']['seed']}"),
-        (a["name"] in ALGORITHMS,
-         f"algorithm.name must be one of {', '.join(ALGORITHMS)}, got {a['name']!r}"
-         + _suggest(a["name"], list(ALGORITHMS))),
-        (o["name"] in OPTIMIZERS,
-         f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {o['name']!r}"
-         + _suggest(o["name"], list(OPTIMIZERS))),
-        (a["rho"] > 0, f"algorithm.rho must be > 0, got {a['rho']}"),
-        (a["l2"] >= 0, "algorithm.l2 must be >= 0"),
-        (1.0 <= a["over_relaxation"] <= 1.8, "algorithm.over_relaxation must be in [1, 1.8]"),
-        (a["rho_mu"] > 1 and a["rho_tau"] > 1, "algorithm.rho_mu and rho_tau must be > 1"),
-        (a["block_momentum"] < 1, "algorithm.block_momentum must be < 1 (or < 0 for 1 - 1/N)"),
-        (a["block_lr"] > 0, "algorithm.block_lr must be > 0"),
-        (a["outer"] == "auto" or a["outer"] in OUTER,
-         f"algorithm.outer must be auto or one of {', '.join(OUTER)}, got {a['outer']!r}"
-         + _suggest(a["outer"], list(OUTER))),
-        (a["outer"] == "auto"
-         or getattr(ALGORITHMS.get(a["name"]), "default_outer", None) is not None,
-         f"algorithm.outer: {a['name']} has no outer step to swap (easgd moves z itself, "
-         f"sgd and ssgd keep no consensus); leave it at auto"),
-        (a["recipe"] in RECIPES,
-         f"algorithm.recipe must be one of {', '.join(RECIPES)}, got {a['recipe']!r}"),
-        (a["outer_schedule"] in OUTER_SCHEDULES,
-         f"algorithm.outer_schedule must be one of {', '.join(OUTER_SCHEDULES)}, "
-         f"got {a['outer_schedule']!r}"),
-        (0 < a["easgd_beta"] <= 1, "algorithm.easgd_beta must be in (0, 1]"),
-        (a["warmup_steps"] >= 0, "algorithm.warmup_steps must be >= 0"),
-        (o["lr"] > 0, f"optim.lr must be > 0, got {o['lr']}"),
-        (0 <= o["momentum"] < 1, "optim.momentum must be in [0, 1)"),
-        (o["weight_decay"] >= 0, "optim.weight_decay must be >= 0"),
-        (all(0 <= b < 1 for b in o["betas"]),
-         f"optim.betas must both be in [0, 1), got {o['betas']!r}"),
-        (o["eps"] > 0, f"optim.eps must be > 0, got {o['eps']!r}"),
-        (o["clip_norm"] >= 0, f"optim.clip_norm must be >= 0 (0: off), got {o['clip_norm']!r}"),
-        (o["schedule"] in SCHEDULES,
-         f"optim.schedule must be one of {', '.join(SCHEDULES)}, got {o['schedule']!r}"
-         + _suggest(o["schedule"], SCHEDULES)),
-        (all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0
-             for m in o["milestones"]) and list(o["milestones"]) == sorted(o["milestones"]),
-         f"optim.milestones must be increasing numbers of passes > 0, got {o['milestones']!r}"),
-        (not o["milestones"] or o["schedule"] == "step",
-         "optim.milestones is set but optim.schedule is not 'step'"),
-        (0 < o["gamma"] <= 1, "optim.gamma must be in (0, 1]"),
-        (o["decay_passes"] >= 0, "optim.decay_passes must be >= 0 (0: run.passes)"),
-        (0 <= o["final_ratio"] <= 1, "optim.final_ratio must be in [0, 1]"),
-        (o["warmup_passes"] >= 0, "optim.warmup_passes must be >= 0"),
-        (r["passes"] > 0, "run.passes must be > 0"),
-        (r["eval_every"] >= 0, "run.eval_every must be >= 0"),
-        (r["early_stop"] >= 0, "run.early_stop must be >= 0 (0: off)"),
-        (0 <= r["early_stop_delta"] < 1,
-         "run.early_stop_delta must be in [0, 1) (a val accuracy difference)"),
-        (not r["early_stop_delta"] or r["early_stop"],
-         "run.early_stop_delta is set but run.early_stop is 0 (off)"),
-        (r["simulate"] >= 0, "run.simulate must be >= 0"),
-        (r["checkpoint_every"] >= 0, "run.checkpoint_every must be >= 0"),
-        (r["keep_checkpoints"] >= 1, "run.keep_checkpoints must be >= 1"),
-        (r["progress_s"] >= 0, "run.progress_s must be >= 0"),
-        (r["resume"] in ("auto", "always", "never", "reshape"),
-         "run.resume must be auto, always, never or reshape"),
-        (r["eval_device"] in ("auto", "cpu", "gpu"),
-         f"run.eval_device must be auto, cpu or gpu, got {r['eval_device']!r}"),
-        (r["gpu_math"] in ("fp32", "tf32"),
-         f"run.gpu_math must be fp32 or tf32, got {r['gpu_math']!r}"),
-        (r["cuda_graphs"] in ("auto", "on", "off"),
-         f"run.cuda_graphs must be auto, on or off, got {r['cuda_graphs']!r}"),
-        (r["master_device"] in ("auto", "cpu", "gpu"),
-         f"run.master_device must be auto, cpu or gpu, got {r['master_device']!r}"),
-        (r["cuda_aware"] in ("auto", "on", "off"),
-         f"run.cuda_aware must be auto, on or off, got {r['cuda_aware']!r}"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(msg)
-    if r["tensorboard"]:
-        from .tensorboard import check_available
-        missing = check_available()
-        if missing:
-            raise ConfigError(missing)
-    if not d["path"]:
+    """Each key's own check (its owner's declaration), then the checks across
+    keys (the owners' rules); data.path last."""
+    for key in settings.keys():
+        value = cfg[key.section][key.name]
+        msg = key.problem(value)
+        if msg:
+            opts = key.options()
+            raise ConfigError(msg + (_suggest(value, list(opts))
+                                     if opts and isinstance(value, str) else ""))
+    for section in SECTIONS:
+        for fn in RULES.get(section, ()):
+            msg = fn(cfg)
+            if msg:
+                raise ConfigError(msg)
+    if not cfg["data"]["path"]:
         raise ConfigError("data.path is not set: give it in the config or with "
                           "--set data.path=DIR (make one with `ibtmpi prep synth DIR`)")
+
+
+def _shown(key):
+    """A default as docs/config.md's table shows it."""
+    v = key.default
+    if key.shown is not None:
+        return key.shown
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f"`{v}`" if v else '`""`'
+    if isinstance(v, list):
+        return f"`{v!r}`"
+    return repr(v)
+
+
+def doc_tables(text):
+    """docs/config.md with each section's key table written from the schema:
+    its rows, their order and the default column; each row keeps its prose
+    (a new key's row starts from its declaration's doc)."""
+    lines = text.split("\n")
+    out, section, i = [], None, 0
+    while i < len(lines):
+        line = lines[i]
+        m = re.match(r"## \[(\w+)\]", line)
+        if m:
+            section = m.group(1)
+        if section in SCHEMA and line.startswith("| key | default |"):
+            out += [line, lines[i + 1]]
+            i += 2
+            prose = {}
+            while i < len(lines) and lines[i].startswith("| `"):
+                cells = [c.strip() for c in lines[i].strip().strip("|").split("|", 2)]
+                prose[re.findall(r"`(\w+)`", cells[0])[0]] = cells[2].rstrip(" |")
+                i += 1
+            rows = []
+            for key in SCHEMA[section].values():
+                if key.joins and rows:
+                    rows[-1][0].append(f"`{key.name}`")
+                    rows[-1][1].append(_shown(key))
+                else:
+                    rows.append(([f"`{key.name}`"], [_shown(key)], prose.get(key.name, key.doc)))
+            out += [f"| {', '.join(n)} | {', '.join(d)} | {why} |" for n, d, why in rows]
+            section = None
+            continue
+        out.append(line)
+        i += 1
+    return "\n".join(out)
 
 
 def to_toml(cfg):
@@ -434,24 +381,26 @@ def digest(cfg):
 
 
 # -- what a checkpoint must match -------------------------------------------------
-LR_KEYS = ("schedule", "milestones", "gamma", "decay_passes", "final_ratio",
-           "warmup_passes")
-ADDED_KEYS = {"optim": LR_KEYS + ("name", "betas", "eps", "reset_state", "clip_norm"),
-              "algorithm": ("outer", "outer_schedule"), "data": ("normalize",)}   # left out of the digest
-                                                          # at their defaults
+def _declared(flag):
+    """{section: (key, ...)} of the keys declared with `flag`."""
+    out = {}
+    for k in settings.keys():
+        if getattr(k, flag):
+            out.setdefault(k.section, ())
+            out[k.section] += (k.name,)
+    return out
 
+
+# Keys added after the first checkpoints: left out of the digest at their
+# defaults, so older checkpoints keep theirs (Key.added).
+ADDED_KEYS = _declared("added")
 
 # Keys a resume may change (after a divergence, or to tune a long run): they
 # change neither the model's shape, nor the data order, nor the shape of any
 # saved state, so the checkpoint still fits. Each change is logged, written to
-# the resumed block's metrics line and kept in the manifests that follow.
-RESUME_TUNABLE = {
-    "optim": ("lr", "momentum", "weight_decay", "nesterov", "reset_momentum", "betas",
-              "eps", "reset_state", "clip_norm") + LR_KEYS,
-    "algorithm": ("rho", "l2", "adaptive_rho", "rho_mu", "rho_tau", "over_relaxation",
-                  "dual_reset", "block_momentum", "block_lr", "nesterov", "easgd_beta",
-                  "outer_schedule"),
-}
+# the resumed block's metrics line and kept in the manifests that follow
+# (Key.tunable).
+RESUME_TUNABLE = _declared("tunable")
 
 
 def config_changes(old, new):
@@ -462,16 +411,16 @@ def config_changes(old, new):
     a, b = flat(old), flat(new)
     for key in set(a) ^ set(b):
         sec, k = key.split(".", 1)
-        if k in DEFAULTS.get(sec, {}):
-            a.setdefault(key, DEFAULTS[sec][k])
-            b.setdefault(key, DEFAULTS[sec][k])
+        if k in SCHEMA.get(sec, {}):
+            a.setdefault(key, SCHEMA[sec][k].default)
+            b.setdefault(key, SCHEMA[sec][k].default)
     return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))
             if a.get(key) != b.get(key)]
 
 
 def tunable(key):
     sec, k = key.split(".", 1)
-    return k in RESUME_TUNABLE.get(sec, ())
+    return sec in SCHEMA and k in SCHEMA[sec] and SCHEMA[sec][k].tunable
 
 
 def change_text(changes):
@@ -505,9 +454,9 @@ def config_diff(old, new, show=6):
     absent = "(not set)"
     for key in set(a) ^ set(b):        # left out at its default (hashed_config)
         sec, k = key.split(".", 1)
-        if k in DEFAULTS.get(sec, {}):
-            a.setdefault(key, DEFAULTS[sec][k])
-            b.setdefault(key, DEFAULTS[sec][k])
+        if k in SCHEMA.get(sec, {}):
+            a.setdefault(key, SCHEMA[sec][k].default)
+            b.setdefault(key, SCHEMA[sec][k].default)
     diffs = [f"{key}: {json.dumps(a.get(key, absent))} in the checkpoint, "
              f"{json.dumps(b.get(key, absent))} now"
              for key in sorted(set(a) | set(b)) if a.get(key, absent) != b.get(key, absent)]
@@ -516,34 +465,26 @@ def config_diff(old, new, show=6):
 
 
 def hashed_config(cfg, legacy=False):
-    """What determines the computation (as a dict; run_hash digests it),
-    not operational keys (passes, threads, quiet, eval/checkpoint cadence,
-    run dir, watchdog, cuda_aware, progress_s, time_limit, profile,
-    timeline, tensorboard, keep_best, early_stop, early_stop_delta,
-    eval_device, master_device), nor algorithm.recipe (the values it derived are hashed
-    where they land), nor where the data
-    lives: data.path may move (a copy staged to node-local scratch after a
-    requeue); the manifest's dataset fingerprint says whether it is the
-    same data. Keys added later (ADDED_KEYS) are left out at their
-    defaults, so older checkpoints keep their digest. legacy: the digest of
-    checkpoints written before that (path included, no cuda_aware key),
-    still accepted on resume."""
+    """What determines the computation (as a dict; run_hash digests it): the
+    keys declared hashed (not the operational ones, [run] among them; not
+    algorithm.recipe, whose values are hashed where they land; not model.init,
+    which only a fresh start reads; not data.path: the data may move, a copy
+    staged to node-local scratch after a requeue, and the manifest's dataset
+    fingerprint says whether it is the same data), each at the value it
+    resolves to (Key.resolve). Keys added later (Key.added) are left out at
+    their defaults, so older checkpoints keep their digest. legacy: the digest
+    of checkpoints written before that (data.path in it, Key.legacy), still
+    accepted on resume."""
     c = copy.deepcopy(cfg)
-    for key in ("passes", "quiet", "threads", "eval_every", "resume", "dir",
-                "checkpoint_every", "keep_checkpoints", "simulate", "watchdog_s",
-                "cuda_aware", "progress_s", "time_limit", "profile", "keep_best",
-                "early_stop", "early_stop_delta", "timeline", "eval_device", "gpu_math",
-                "cuda_graphs", "master_device", "tensorboard"):
-        c["run"].pop(key, None)
-    c["model"].pop("init", None)       # only a fresh start reads it
-    c["algorithm"].pop("recipe", None)  # what it derived is in the other keys
-    o = c["optim"]
-    if o["schedule"] == "cosine" and not o["decay_passes"]:
-        o["decay_passes"] = float(cfg["run"]["passes"])   # what 0 resolves to
-    for sec, keys in ADDED_KEYS.items():    # older checkpoints lack them
-        for key in keys:
-            if c[sec].get(key) == DEFAULTS[sec][key]:
-                c[sec].pop(key)
-    if not legacy:
-        c["data"].pop("path", None)
+    for k in settings.keys():
+        sec = c[k.section]
+        if k.name not in sec:
+            continue
+        if not k.hashed and not (legacy and k.legacy):
+            sec.pop(k.name)
+            continue
+        if k.resolve is not None:
+            sec[k.name] = k.resolve(sec[k.name], cfg)
+        if k.added and sec[k.name] == k.default:
+            sec.pop(k.name)
     return c

@@ -1,4 +1,5 @@
-"""Image preprocessing shared by training, evaluation and prediction.
+"""Image preprocessing shared by training, evaluation and prediction, and
+the [data] section's settings.
 
 Stored images are uint8 (n, H, W, C); the model takes float32 NCHW,
 normalised per channel with the train split's mean/std (in 0..255 units).
@@ -6,7 +7,54 @@ Test: tests/unit/test_data.py.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from .settings import ENUM_WHY, SEED_WHY, Key, bad, declare, non_negative, rule, seed_range
+
+
+def _normalize_setting(value, where):
+    if value in ("dataset", "imagenet"):
+        return value
+    if (isinstance(value, list) and len(value) == 2
+            and all(isinstance(v, list) and v for v in value)
+            and len(value[0]) == len(value[1])
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                    and math.isfinite(x) for v in value for x in v)
+            and all(x > 0 for x in value[1])):
+        return [[float(x) for x in v] for v in value]
+    raise bad(where, f"must be \"dataset\", \"imagenet\" or [[means], [stds]] (one per "
+                     f"band, on the 0..1 scale, stds > 0), got {value!r}")
+
+
+SPLITS_WHY = "data.split_size and data.block_size must be >= 0"
+declare(
+    "data",
+    Key("path", "", "dataset directory (ibtmpi prep ...)", hashed=False, legacy=True,
+        shown="(required)"),
+    Key("split_size", 0, "samples per worker per block; 0: use block_size",
+        check=non_negative, why=SPLITS_WHY, shown="512 when neither is given"),
+    Key("block_size", 0, "samples per block over all workers (split = block / N)",
+        check=non_negative, why=SPLITS_WHY, shown="0 (unused)"),
+    Key("batch", 32, "minibatch size of the local SGD steps",
+        check=lambda v: v >= 1, why="{where} must be >= 1"),
+    Key("augment", False, "random flips / 90-degree rotations"),
+    Key("cache", "auto", "auto | memory | disk", choices=("auto", "memory", "disk"),
+        why=ENUM_WHY),
+    Key("seed", 0, "shuffling and augmentation",
+        check=seed_range, why=SEED_WHY),
+    Key("normalize", "dataset", "dataset | imagenet | [[means], [stds]] (0..1 scale)",
+        parse=_normalize_setting, added=True),
+)
+
+
+@rule("data")
+def _one_split_rule(cfg):
+    d = cfg["data"]
+    if d["split_size"] and d["block_size"]:
+        return "give data.split_size or data.block_size, not both"
+    return None
 
 
 def channel_stats(images, chunk=4096):

@@ -32,6 +32,7 @@ import numpy as np
 from . import ops
 from . import ops as _ops
 from .layers import commute_relu_pool, fuse_for_device, plan_phase_out, spec_entry
+from .settings import SEED_WHY, Key, bad, declare, seed_range
 
 PRESETS = {
     # conv3x3(3->32)+relu+pool2, conv3x3(32->64)+relu+pool2,
@@ -73,6 +74,23 @@ PRESETS = {
         {"type": "linear"},
     ],
 }
+
+
+def _layers_setting(value, where):
+    if not isinstance(value, (str, list)):
+        raise bad(where, "must be a preset name or a list of layers")
+    return value
+
+
+declare(
+    "model",
+    Key("layers", "reference", "preset name or a list of layer tables",
+        parse=_layers_setting),
+    Key("seed", 0, "He initialisation", check=seed_range, why=SEED_WHY),
+    Key("init", "", "start from a trained model instead: a run directory, its "
+        "model.npz or a checkpoint dir", hashed=False),    # only a fresh start reads it
+)
+
 
 def build_layers(spec, input_shape, n_classes):
     """Instantiate layers from a spec list; returns (layers, shapes), with

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 import copy
 
+from .settings import Key, declare
+
 RECIPES = ("auto", "none")
+
+declare("algorithm", Key("recipe", "auto", "auto: the settings measured for this N where "
+                         "you set none | none: the plain defaults", choices=RECIPES,
+                         hashed=False))      # what it derived is in the other keys
 
 
 def derive(cfg, n, split):

@@ -16,8 +16,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..settings import Key, declare, non_negative
 from .base import BlockAlgorithm, register
 from .vector import dual_update
+
+MU_TAU_WHY = "algorithm.rho_mu and rho_tau must be > 1"
+declare(
+    "algorithm",
+    Key("rho", 0.01, "ADMM penalty (admm, ibt)", check=lambda v: v > 0,
+        why="{where} must be > 0, got {v}", tunable=True),
+    Key("l2", 0.0, "lambda of the consensus L2 term (admm z-update)", check=non_negative,
+        why="{where} must be >= 0", tunable=True),
+    Key("adaptive_rho", False, "residual balancing (Boyd et al. 3.4.1)", tunable=True),
+    Key("rho_mu", 10.0, "", check=lambda v: v > 1, why=MU_TAU_WHY, tunable=True, shown="10"),
+    Key("rho_tau", 2.0, "", check=lambda v: v > 1, why=MU_TAU_WHY, tunable=True, shown="2",
+        joins=True),
+    Key("over_relaxation", 1.0, "alpha in [1, 1.8] (admm, ibt)",
+        check=lambda v: 1.0 <= v <= 1.8, why="{where} must be in [1, 1.8]", tunable=True),
+    Key("dual_reset", False, "zero the duals at every block", tunable=True),
+)
 
 
 class ProxAlgorithm(BlockAlgorithm):

@@ -22,15 +22,28 @@ optimum of a convex problem), tests/mpi/test_trainer_mpi.py.
 from __future__ import annotations
 
 import abc
-
 import math
 
 import numpy as np
 
+from ..settings import Key, declare, defaults, rule
 from .outer import get_outer
 from .vector import _chunks, _dots_whole, _in_order, residual_dots
 
 ALGORITHMS = {}          # name -> class, in registration order
+
+declare("algorithm", Key("name", "ibt", "the consensus algorithm (docs/design.md section 3)",
+                         choices=lambda: ALGORITHMS, lead=True))
+
+
+@rule("algorithm")
+def _outer_rule(cfg):
+    a = cfg["algorithm"]
+    if a["outer"] != "auto" and getattr(ALGORITHMS.get(a["name"]), "default_outer",
+                                        None) is None:
+        return (f"algorithm.outer: {a['name']} has no outer step to swap (easgd moves z "
+                f"itself, sgd and ssgd keep no consensus); leave it at auto")
+    return None
 
 
 def register(cls):
@@ -78,15 +91,14 @@ class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
     host z of the master. `to_host` (device arrays only) copies an array to
     NumPy: adaptive rho decides from float64 residuals that every rank must
     compute identically, so those dot products always run on the host.
-    acfg: the [algorithm] section (missing keys take config.DEFAULTS)."""
+    acfg: the [algorithm] section (missing keys take their declared defaults)."""
 
     default_outer = None      # its outer optimizer (outer.py) at algorithm.outer = auto;
                               # None: the algorithm moves z itself (easgd)
     outer_args = {}           # fixed settings of that outer optimizer (ibt: Nesterov)
 
     def __init__(self, z0, n_workers, acfg, to_host=None, threads=1):
-        from ..config import DEFAULTS
-        a = {**DEFAULTS["algorithm"], **acfg}
+        a = {**defaults("algorithm"), **acfg}
         self.check_workers(n_workers, "run it without mpiexec (or -n 1)")
         self.n = int(n_workers)
         self.dtype = z0.dtype

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..settings import Key, declare
 from .base import BlockAlgorithm, register
+
+declare("algorithm", Key("easgd_beta", 0.9, "EASGD: alpha = beta / N",
+                         check=lambda v: 0 < v <= 1, why="{where} must be in (0, 1]",
+                         tunable=True))
 
 
 @register

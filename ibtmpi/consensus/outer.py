@@ -31,10 +31,26 @@ import abc
 
 import numpy as np
 
+from ..settings import Key, declare
 from .vector import block_momentum
 
 OUTER = {}               # name -> class, in registration order
 OUTER_SCHEDULES = ("none", "warmup", "lr")
+
+declare(
+    "algorithm",
+    Key("outer", "auto", "the outer optimizer on the consensus mean: auto (the "
+        "algorithm's own) | average | sgd", choices=lambda: ("auto", *OUTER), added=True),
+    Key("block_momentum", 0.25, "eta of the sgd outer optimizer (bmuf, ibt); < 0 means "
+        "CNTK's 1 - 1/N", check=lambda v: v < 1,
+        why="{where} must be < 1 (or < 0 for 1 - 1/N)", tunable=True),
+    Key("block_lr", 1.0, "zeta of the sgd outer optimizer (bmuf, ibt)",
+        check=lambda v: v > 0, why="{where} must be > 0", tunable=True),
+    Key("nesterov", True, "NBM start point (bmuf); ibt is always Nesterov", tunable=True),
+    Key("outer_schedule", "none", "zeta x the local lr's schedule: none | warmup (its "
+        "ramp only) | lr (lr_t / lr, the whole run)", choices=OUTER_SCHEDULES,
+        added=True, tunable=True),
+)
 
 
 def register_outer(cls):

@@ -5,7 +5,11 @@ Tests: tests/unit/test_trainer.py, tests/mpi/test_trainer_mpi.py.
 """
 from __future__ import annotations
 
+from ..settings import Key, declare, non_negative
 from .base import Algorithm, register
+
+declare("algorithm", Key("warmup_steps", 0, "ssgd steps (gradient Allreduce) before block 0",
+                         check=non_negative, why="{where} must be >= 0"))
 
 
 @register

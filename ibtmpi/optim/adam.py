@@ -31,7 +31,26 @@ import math
 
 import numpy as np
 
+from ..settings import Key, bad, declare
 from .base import Optimizer, Prox, register
+
+
+def _betas_setting(value, where):
+    if (isinstance(value, list) and len(value) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                    and math.isfinite(b) for b in value)):
+        return [float(b) for b in value]
+    raise bad(where, f"must be two numbers [beta1, beta2], got {value!r}")
+
+
+declare(
+    "optim",
+    Key("betas", [0.9, 0.999], "adam, adamw: the moments' decay rates",
+        parse=_betas_setting, check=lambda v: all(0 <= b < 1 for b in v),
+        why="{where} must both be in [0, 1), got {v!r}", added=True, tunable=True),
+    Key("eps", 1e-8, "adam, adamw: added to the denominator", check=lambda v: v > 0,
+        why="{where} must be > 0, got {v!r}", added=True, tunable=True),
+)
 
 
 def adam_scalars(lr, b1, b2, wd, bc1, bc2):

@@ -24,7 +24,32 @@ import abc
 
 import numpy as np
 
+from ..settings import Key, bad, declare, non_negative
+
 OPTIMIZERS = {}          # name -> class: the single list (config, docs)
+
+
+def _reset_state_setting(value, where):
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise bad(where, f"must be auto, true or false, got {value!r}")
+
+
+declare(
+    "optim",
+    Key("name", "sgd", "the local optimizer (ibtmpi/optim/: sgd, adam, adamw)",
+        choices=lambda: OPTIMIZERS, added=True, lead=True),
+    Key("lr", 0.02, "", check=lambda v: v > 0, why="{where} must be > 0, got {v}",
+        tunable=True),
+    Key("weight_decay", 5e-4, "sgd, adam: L2 in the gradient; adamw: decoupled",
+        check=non_negative, why="{where} must be >= 0", tunable=True),
+    Key("clip_norm", 0.0, "clip each step's loss gradient to this L2 norm; 0: off",
+        check=non_negative, why="{where} must be >= 0 (0: off), got {v!r}", added=True,
+        tunable=True),
+    Key("reset_state", "auto", "zero the optimizer state after every sync: auto (sgd: "
+        "reset_momentum; adam/adamw: false) | true | false", parse=_reset_state_setting,
+        added=True, tunable=True),
+)
 
 
 def register(cls):
@@ -50,8 +75,8 @@ class Optimizer(metaclass=abc.ABCMeta):
     @classmethod
     @abc.abstractmethod
     def from_config(cls, o, params, ops=None):
-        """From the [optim] section (config.DEFAULTS holds every default);
-        every optimizer class writes its own."""
+        """From the [optim] section (every key there, at its declared
+        default where not set); every optimizer class writes its own."""
 
     @classmethod
     def auto_reset(cls, o):

@@ -6,6 +6,51 @@ from __future__ import annotations
 
 import math
 
+from ..settings import Key, declare, non_negative, rule
+
+SCHEDULES = ("constant", "step", "cosine")
+
+
+def _decay_horizon(value, cfg):
+    """What cosine's decay_passes = 0 means: run.passes (the digest holds it)."""
+    if cfg["optim"]["schedule"] == "cosine" and not value:
+        return float(cfg["run"]["passes"])
+    return value
+
+
+def _milestones_ok(v):
+    return (all(isinstance(m, (int, float)) and not isinstance(m, bool) and m > 0 for m in v)
+            and list(v) == sorted(v))
+
+
+# the schedule's keys came after the first checkpoints (left out of the
+# digest at their defaults); a resume may change any of them
+LR = {"added": True, "tunable": True}
+declare(
+    "optim",
+    Key("schedule", "constant", "constant | step | cosine: lr per block (ssgd: per step)",
+        choices=SCHEDULES, **LR),
+    Key("milestones", [], "step: passes at which lr is multiplied by gamma",
+        check=_milestones_ok,
+        why="{where} must be increasing numbers of passes > 0, got {v!r}", **LR),
+    Key("gamma", 0.1, "step: the factor", check=lambda v: 0 < v <= 1,
+        why="{where} must be in (0, 1]", **LR),
+    Key("decay_passes", 0.0, "cosine: passes to decay over; 0: run.passes",
+        check=non_negative, why="{where} must be >= 0 (0: run.passes)",
+        resolve=_decay_horizon, shown="0 (= `run.passes`)", **LR),
+    Key("final_ratio", 0.0, "cosine: the last lr as a fraction of lr",
+        check=lambda v: 0 <= v <= 1, why="{where} must be in [0, 1]", **LR),
+    Key("warmup_passes", 0.0, "linear lr warm-up (any schedule)", check=non_negative,
+        why="{where} must be >= 0", **LR),
+)
+
+
+@rule("optim")
+def _milestones_rule(cfg):
+    o = cfg["optim"]
+    if o["milestones"] and o["schedule"] != "step":
+        return "optim.milestones is set but optim.schedule is not 'step'"
+    return None
 
 class LrSchedule:
     """The local learning rate at block k: a pure function of the position

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..settings import Key, declare
 from .base import Optimizer, Prox, register
+
+declare(
+    "optim",
+    Key("momentum", 0.9, "sgd", check=lambda v: 0 <= v < 1, why="{where} must be in [0, 1)",
+        tunable=True),
+    Key("nesterov", False, "sgd", tunable=True),
+    Key("reset_momentum", True, "sgd: zero the local momentum after every sync",
+        tunable=True),
+)
 
 
 def sgd_update(w, g, v, c, u, lr, mu, wd, rho, nesterov, has_prox):

@@ -192,7 +192,7 @@ def test_master_device_is_validated_and_one_process_keeps_the_host_state(small_d
     whatever it says, so gpu is not refused there and z is the host's."""
     from ibtmpi.config import ConfigError
     with pytest.raises(ConfigError, match=r"^run.master_device must be auto, cpu or gpu, "
-                                          r"got 'tpu'$"):
+                                          r"got 'tpu' \(did you mean 'gpu'\?\)$"):
         load(None, [f"data.path={small_dataset}", "run.master_device=tpu"])
     ops = GpuOps(cp=FakeCupy())
     zs = []

@@ -88,3 +88,11 @@ def test_documented_names_are_the_registries():
             rows[sec] = [w for w in re.findall(r"`(\w+)`", why) if w not in ("ibtmpi",)]
     assert rows["algorithm"] == list(ALGORITHMS)
     assert rows["optim"] == list(OPTIMIZERS)
+
+
+def test_the_tables_are_the_declared_settings():
+    """Rows, their order and the defaults come from the declarations
+    (ibtmpi/settings.py); `python tools/config_doc.py` rewrites them."""
+    from ibtmpi.config import doc_tables
+    text = open(DOC).read()
+    assert doc_tables(text) == text, "run: python tools/config_doc.py"

@@ -1,8 +1,10 @@
 """errors.py is the one home of the exit statuses and of the error classes
 the command line turns into them: docs/reliability.md's table lists every
 status it defines, and no other module of the library defines an
-exception class or an EXIT_ constant."""
+exception class or an EXIT_ constant. And the library has no import cycle
+(each part can be imported, and tested, alone)."""
 import ast
+import collections
 import os
 import re
 
@@ -60,3 +62,62 @@ def test_old_homes_still_name_the_same_classes():
     assert cli.UsageError is errors.UsageError
     assert issubclass(runlock.RunDirBusy, checkpoint.CheckpointError)
     assert (Diverged, Preempted) == (errors.Diverged, errors.Preempted)
+
+
+def import_graph():
+    mods = modules()
+    graph = collections.defaultdict(set)
+    for name, path in mods.items():
+        pkg = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(open(path).read())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = pkg.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1]
+                                    + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t and t != name and t.startswith("ibtmpi") and t != "ibtmpi":
+                    graph[name].add(t)
+    return mods, graph
+
+
+def test_the_library_has_no_import_cycle():
+    """A package's own __init__ importing its parts is not a cycle; a part
+    importing back a module that imports it is (Tarjan's components)."""
+    mods, graph = import_graph()
+    for name in mods:                  # a part -> its own package: the package's init
+        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+    index, low, stack, on, comps = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+    for v in sorted(mods):
+        if v not in index:
+            visit(v)
+    assert comps == []

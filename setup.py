@@ -22,7 +22,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=["ibtmpi", "ibtmpi.train", "ibtmpi.consensus", "ibtmpi.optim",
-              "ibtmpi.layers", "ibtmpi.ops", "ibtmpi.kernels", "ibtmpi.data_prep"],
+              "ibtmpi.layers", "ibtmpi.ops", "ibtmpi.kernels", "ibtmpi.data_prep", "ibtmpi.testing"],
     package_dir={"ibtmpi": "ibtmpi", "ibtmpi.kernels": "kernels",
                  "ibtmpi.data_prep": "data_prep"},
     package_data={"ibtmpi.kernels": ["*.cu", "*.cuh", "*.h", "*.md"]},

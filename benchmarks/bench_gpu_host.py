@@ -1,6 +1,6 @@
 """The host side of the GPU training step, measured on any CPU: the
 reference CNN's training step (64x64x3; gradient and SGD update) through backend.GpuOps with the CuPy
-stand-in (tests/unit/fakecupy.py), its kernels and GEMMs replaced by
+stand-in (ibtmpi/testing/fakecupy.py), its kernels and GEMMs replaced by
 no-ops, so what is timed is the Python that issues the launches (ours plus
 the stand-in's bookkeeping: an upper bound on ours; real CuPy adds its own
 cost per launch and per matmul). Also counts the launches per step.
@@ -8,15 +8,11 @@ cost per launch and per matmul). Also counts the launches per step.
     python benchmarks/bench_gpu_host.py [--batches 64,256] [--steps 30]
 """
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                "tests", "unit"))
-import fakecupy  # noqa: E402
+from ibtmpi.testing import fakecupy
 
 
 def null_matmul(a, b, out=None):

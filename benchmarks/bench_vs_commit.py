@@ -33,6 +33,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from worktree import Checkout  # noqa: E402  (tools/worktree.py, as regression_z's)
 
 STEP = r"""
 import json, time, numpy as np
@@ -100,10 +102,10 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="bench_vs_commit-")
-    old_tree = os.path.join(tmp, "old-tree")
-    subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", old_tree, a.against],
-                   check=True, capture_output=True)
+    checkout = Checkout(ROOT, a.against, os.path.join(tmp, "old-tree"))
+    old_tree = checkout.path
     try:
+        checkout.add()
         data = os.path.join(tmp, "data")
         subprocess.run([sys.executable, "-m", "ibtmpi", "prep", "synth", data, "--n", "600",
                         "--size", "16", "--shards", "2", "--quiet"], env=env_for(ROOT),
@@ -123,8 +125,7 @@ def main():
         summary("block wall_s (median)", *res["block"], False)
         summary("mpiexec command wall s", *res["total"], False)
     finally:
-        subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", old_tree],
-                       capture_output=True)
+        checkout.remove()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -1,5 +1,5 @@
 """GPU workers' block buffers under MPI (run.cuda_aware), run on the CPU
-through the CuPy stand-in (tests/unit/fakecupy.py: NumPy arrays, the CUDA
+through the CuPy stand-in (ibtmpi/testing/fakecupy.py: NumPy arrays, the CUDA
 kernels host-emulated). Workers compute on the "device"; the master stays
 on the host. Each worker keeps z, its dual and the packed buffer on the
 device and updates z there (device_state); gpu_buffers=True: it hands the
@@ -16,7 +16,6 @@ evaluation, checkpoints, resume and model files must not tell the two
 apart."""
 import hashlib
 import os
-import sys
 import shutil
 import tempfile
 
@@ -30,8 +29,7 @@ from ibtmpi.backend import GpuOps
 from ibtmpi.config import load
 from ibtmpi.train import Trainer
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
-from fakecupy import FakeCupy  # noqa: E402
+from ibtmpi.testing.fakecupy import FakeCupy
 
 pytestmark = pytest.mark.mpi(min_size=2)
 W = MPI.COMM_WORLD

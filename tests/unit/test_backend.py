@@ -80,7 +80,7 @@ def test_cuda_aware_config_key():
 
 def test_pinned_staging_helpers_on_the_stand_in():
     import numpy as np
-    from fakecupy import FakeCupy
+    from ibtmpi.testing.fakecupy import FakeCupy
     ops = backend.GpuOps(cp=FakeCupy())
     buf = ops.pinned_empty(5)
     assert buf.dtype == np.float32 and buf.shape == (5,) and buf.flags.writeable
@@ -130,7 +130,7 @@ def test_evaluation_counts_every_rank():
 def test_device_lines_name_each_device_and_a_broken_one(monkeypatch):
     import sys
     import types
-    from fakecupy import FakeCupy
+    from ibtmpi.testing.fakecupy import FakeCupy
     from ibtmpi import backend
     fake = FakeCupy()
     monkeypatch.setitem(sys.modules, "cupy", fake)

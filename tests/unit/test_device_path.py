@@ -3,7 +3,7 @@ stand-in: workers compute with the CUDA kernels (host-emulated), the
 consensus stays on the host; z must match the NumPy-backend run."""
 import numpy as np
 import pytest
-from fakecupy import FakeCupy
+from ibtmpi.testing.fakecupy import FakeCupy
 
 from ibtmpi.backend import GpuOps
 from ibtmpi.config import load

@@ -38,8 +38,8 @@ def test_every_exit_status_is_in_the_reliability_table():
 def test_no_other_module_defines_an_error_class_or_an_exit_status():
     found = []
     for name, path in modules().items():
-        if name == "ibtmpi.errors":
-            continue
+        if name == "ibtmpi.errors" or name.startswith("ibtmpi.testing"):
+            continue                   # (the CuPy stand-in mimics CuPy's own)
         tree = ast.parse(open(path).read())
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and any(

@@ -1,14 +1,14 @@
 """A GPU worker's pipeline on the CuPy stand-in: the feed (pinned staging,
 a copy stream, the augmentation on the device), CUDA graphs of the step,
 and run.gpu_math. The stand-in's copy stream is lazy and its capture
-records without running (tests/unit/fakecupy_async.py), so a missing wait,
+records without running (ibtmpi/testing/fakecupy_async.py), so a missing wait,
 an early overwrite or a host read inside a capture gives wrong numbers or
 an error here, as on a GPU."""
 import numpy as np
 import pytest
 
-import fakecupy
-from fakecupy import FakeCupy
+from ibtmpi.testing import fakecupy
+from ibtmpi.testing.fakecupy import FakeCupy
 from ibtmpi.backend import GpuOps
 from ibtmpi.config import ConfigError, load
 from ibtmpi.gpu_feed import DeviceFeed

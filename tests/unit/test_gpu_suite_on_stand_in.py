@@ -17,7 +17,7 @@ import sys
 import pytest
 sys.path.insert(0, {HERE!r})
 import pytest
-import fakecupy
+from ibtmpi.testing import fakecupy
 from ibtmpi import backend
 backend.gpu_status = lambda: (True, "CuPy stand-in")
 class StandIn(backend.GpuOps):
@@ -44,7 +44,7 @@ def test_gpu_step_benchmark_runs_on_the_stand_in(tmp_path, monkeypatch, capsys):
     import importlib.util
     import json
     sys.path.insert(0, HERE)
-    import fakecupy
+    from ibtmpi.testing import fakecupy
     from ibtmpi import backend
 
     class StandIn(backend.GpuOps):

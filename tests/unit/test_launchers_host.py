@@ -6,7 +6,7 @@ arithmetic and the GEMM/bias composition, against the NumPy reference ops.
 The gpu tests (tests/gpu) repeat the same checks with real CuPy."""
 import numpy as np
 import pytest
-from fakecupy import FakeCupy
+from ibtmpi.testing.fakecupy import FakeCupy
 
 from ibtmpi import ops
 from ibtmpi.backend import GpuOps
@@ -177,7 +177,7 @@ def test_maxpool_reads_and_writes_the_conv_layout_where_it_lies(g):
     """A conv's output is an NCHW view of a (C, N, H, W) buffer, and its
     backward wants the gradient in that layout: the pool launchers read x
     and write dx there (no transpose copy), with the contiguous results."""
-    import fakecupy
+    from ibtmpi.testing import fakecupy
     x = RNG.standard_normal((3, 4, 9, 8)).astype(np.float32)       # (N, C, H, W)
     view = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
     assert ops.is_cnhw(view)
@@ -207,7 +207,7 @@ def test_a_reference_cnn_step_copies_no_activation(g):
     GEMMs write into the flat gradient vector). The launch counts are the
     docs/engine.md's; a fusion that lowers them updates both. The gradients are
     the NumPy engine's."""
-    import fakecupy
+    from ibtmpi.testing import fakecupy
     from ibtmpi.model import Model
     from ibtmpi.optim import SGD
     x = RNG.standard_normal((4, 3, 64, 64)).astype(np.float32)
@@ -310,7 +310,7 @@ def test_a_resnet8_step_on_the_device_matches_the_numpy_engine(g):
     # lies (im2col, relu, batchnorm, gap): a step copies 7 activations, the
     # residual ReLU's forward outputs brought to its NCHW gradient's layout
     # (3) and the like; 23 before im2col and relu took that layout
-    import fakecupy
+    from ibtmpi.testing import fakecupy
     stats = dev.new_stats(6)
     dev.step_grad(g.asarray(x), y, stats)
     fakecupy.COPIES.clear()
@@ -343,7 +343,7 @@ def test_device_adam_is_one_launch_a_step_equal_to_the_host_class(g, cls):
     step with a Prox (no CuPy elementwise kernels), the same w, m, v as the
     NumPy class; the step count stays on the host. Another extra term takes
     the array path, still equal to the host class."""
-    import fakecupy
+    from ibtmpi.testing import fakecupy
     P = 500
     w0, c, u = (RNG.standard_normal(P).astype(np.float32) for _ in range(3))
     grads = [RNG.standard_normal(P).astype(np.float32) for _ in range(4)]

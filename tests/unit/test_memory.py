@@ -9,7 +9,7 @@ import time
 
 import pytest
 from conftest import MPIEXEC, mpiexec, train_args
-from fakecupy import POOL, FakeCupy
+from ibtmpi.testing.fakecupy import POOL, FakeCupy
 
 from ibtmpi import errors, memory
 from ibtmpi.backend import GpuOps

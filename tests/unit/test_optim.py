@@ -53,7 +53,7 @@ class _Counting:
     """GpuOps on the CuPy stand-in, counting kernel launches by name."""
 
     def __init__(self):
-        from fakecupy import FakeCupy
+        from ibtmpi.testing.fakecupy import FakeCupy
 
         from ibtmpi.backend import GpuOps
         self.ops, self.calls = GpuOps(cp=FakeCupy()), []

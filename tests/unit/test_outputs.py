@@ -183,7 +183,7 @@ def test_errors(run_dir, small_dataset, tmp_path, capsys):
 def test_evaluation_on_the_device_path_matches(run_dir, small_dataset):
     """Evaluation through the GPU launchers (CuPy stand-in running the
     host-emulated kernels) gives the host model's probabilities."""
-    from fakecupy import FakeCupy
+    from ibtmpi.testing.fakecupy import FakeCupy
     from ibtmpi.backend import GpuOps
     tm = load_trained(run_dir)
     x = Dataset(small_dataset).split("test").read_all()[:16]

@@ -1,12 +1,10 @@
 """`import cupy` for a rehearsal of benchmarks/gpu_check.sh on a CPU: the
-CuPy stand-in of tests/unit/fakecupy.py (host-emulated kernels, CuPy's
+CuPy stand-in of ibtmpi/testing/fakecupy.py (host-emulated kernels, CuPy's
 rules on NumPy memory) as a module, with one visible "device". Put
 tests/standin on PYTHONPATH; never installed."""
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "unit"))
-import fakecupy  # noqa: E402
+from ibtmpi.testing import fakecupy
 
 __version__ = "stand-in"
 _cp = fakecupy.FakeCupy()

@@ -62,15 +62,15 @@ rank's under mpiexec). PYTHONPATH puts the tree first, so a non-editable
 
 Usage (from anywhere; the repository's .venv python is used for both sides
 when it exists):
-  python benchmarks/regression_z.py [--against 7c6fd14]
-  python benchmarks/regression_z.py --selftest       # proves DIFFER is detected
-  python benchmarks/regression_z.py --perturb        # the current side with lr * (1 + 1e-6)
+  python tools/regression_z.py [--against 7c6fd14]
+  python tools/regression_z.py --selftest       # proves DIFFER is detected
+  python tools/regression_z.py --perturb        # the current side with lr * (1 + 1e-6)
                                                      # (current-code steps; see below)
-  python benchmarks/regression_z.py --record DIR     # save this tree's results
-  python benchmarks/regression_z.py --compare DIR    # compare with saved results (no worktree)
-  python benchmarks/regression_z.py --only 'admm|ibt-mpi' --keep --list
-  python benchmarks/regression_z.py --tree /other/checkout   # test that tree instead
-  python benchmarks/regression_z.py --every-array    # a checkpoint array only one side
+  python tools/regression_z.py --record DIR     # save this tree's results
+  python tools/regression_z.py --compare DIR    # compare with saved results (no worktree)
+  python tools/regression_z.py --only 'admm|ibt-mpi' --keep --list
+  python tools/regression_z.py --tree /other/checkout   # test that tree instead
+  python tools/regression_z.py --every-array    # a checkpoint array only one side
                                                      # writes is a DIFFER, not a note
                                                      # (--common-only, the default, is
                                                      # still accepted)
@@ -115,6 +115,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from worktree import Checkout  # noqa: E402  (tools/worktree.py: shared with bench_vs_commit)
 DEFAULT_COMMIT = "7c6fd14"
 
 # ---------------------------------------------------------------------------
@@ -793,7 +795,7 @@ def main(argv=None):
         rn = Runner(a, tmp)
         head = sh(["git", "-C", a.tree, "rev-parse", "--short", "HEAD"], check=False)
         dirty = sh(["git", "-C", a.tree, "status", "--porcelain"], check=False)
-        dirty = [l for l in dirty.splitlines() if not l.endswith("benchmarks/regression_z.py")]
+        dirty = [l for l in dirty.splitlines() if not l.endswith("tools/regression_z.py")]
         cur_desc = f"working tree {a.tree} (HEAD {head or '?'}" + (
             f", {len(dirty)} changed or untracked paths)" if dirty else ", clean)")
         sides = [Side("current", a.tree, os.path.join(tmp, "current"))]
@@ -806,13 +808,11 @@ def main(argv=None):
             if os.path.exists(rec):
                 ref_desc += f" ({json.load(open(rec)).get('source', '?')})"
         elif not a.record:
-            full = sh(["git", "-C", a.repo, "rev-parse", "--verify", f"{a.against}^{{commit}}"])
-            worktree = os.path.join(tmp, "old-tree")
-            sh(["git", "-C", a.repo, "worktree", "add", "--detach", worktree, full])
-            ref = Side("old", worktree, os.path.join(tmp, "old"))
+            worktree = Checkout(a.repo, a.against, os.path.join(tmp, "old-tree")).add()
+            ref = Side("old", worktree.path, os.path.join(tmp, "old"))
             sides.append(ref)
-            rn.ref_root = worktree
-            ref_desc = f"commit {full[:12]} in a worktree at {worktree}"
+            rn.ref_root = worktree.path
+            ref_desc = f"commit {worktree.commit[:12]} in a worktree at {worktree.path}"
         log(f"regression_z: {len(a.runs)} runs, python {a.python}")
         log(f"  current   = {cur_desc}" + (f", lr * (1 + {PERTURB:g}) (perturbed)"
                                             if a.perturb else ""))
@@ -954,12 +954,7 @@ def main(argv=None):
         if rn:
             rn.kill_all()
         if worktree:
-            r = subprocess.run(["git", "-C", a.repo, "worktree", "remove", "--force",
-                                worktree], capture_output=True, text=True)
-            if r.returncode:
-                shutil.rmtree(worktree, ignore_errors=True)
-                subprocess.run(["git", "-C", a.repo, "worktree", "prune"],
-                               capture_output=True)
+            worktree.remove()
         if a.keep:
             log(f"kept {tmp}")
         else:

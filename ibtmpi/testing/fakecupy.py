@@ -4,7 +4,6 @@ arguments and implicit aliasing fail as on a GPU), RawModule functions are
 the host-emulated CUDA kernels (ibtmpi/kernelcheck.py). Enough of CuPy for
 backend.GpuOps, the trainer's device path and the gpu-marked tests to run
 on a CPU."""
-import collections
 import hashlib
 import os
 import tempfile
@@ -12,8 +11,8 @@ import weakref
 
 import numpy as np
 
-import fakecupy_async as A
-from ibtmpi import kernelcheck
+from .. import kernelcheck
+from . import fakecupy_async as A
 
 
 # device-to-device copies of whole arrays, in order: ascontiguousarray of a
@@ -21,7 +20,7 @@ from ibtmpi import kernelcheck
 # (by name; "GEMM" for matmul, "cupy NAME" for a ufunc or reduction CuPy
 # would launch); tests clear and read them
 COPIES = []
-LAUNCHES = collections.Counter()
+LAUNCHES = A.LAUNCHES      # kernel name -> launches (fakecupy_async's: graphs count too)
 
 
 class _Fn:

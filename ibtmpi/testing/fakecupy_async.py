@@ -21,9 +21,12 @@
 - ``Graph.launch(stream)`` runs the recorded steps in order (on a lazy
   stream: queued as one item); LAUNCHES["graph launch"] counts launches.
 """
+import collections
 import threading
 
 import numpy as np
+
+LAUNCHES = collections.Counter()   # kernel name -> launches (fakecupy.LAUNCHES)
 
 _TLS = threading.local()   # CuPy's current stream is per thread, and so is a
                            # capture (relaxed mode: other threads may sync)
@@ -171,7 +174,6 @@ class Graph:
         self.steps = steps
 
     def launch(self, stream=None):
-        from fakecupy import LAUNCHES
         no_capture("Graph.launch")
         LAUNCHES["graph launch"] += 1
         s = stream if stream is not None else current()

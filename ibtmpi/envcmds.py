@@ -1,7 +1,7 @@
 """`ibtmpi info` and `ibtmpi demo`: what this environment has (versions, MPI,
 threads, GPUs, srun's PMI plugin, a model's table) and a first run on it
 (the synthetic data set and an `mpiexec -n 3` training). Tests:
-tests/unit/test_cli.py, test_hardening2.py."""
+tests/unit/test_cli.py, test_config_input.py (the demo's directories)."""
 import sys
 
 from . import __version__

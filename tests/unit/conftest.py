@@ -3,9 +3,28 @@ import sys
 
 import pytest
 
+from ibtmpi import consensus
+from ibtmpi.config import load
+
 # the venv's own launcher; tests that need it skip where it is missing
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
 IBTMPI = [sys.executable, "-m", "ibtmpi"]
+
+# the algorithms, from their registry (a new one is tested with no edit here):
+# BLOCK the block algorithms (one consensus Allreduce a block), PARALLEL those
+# plus the per-step ones (ssgd): every algorithm for N > 1
+PARALLEL = [n for n, c in consensus.ALGORITHMS.items() if not c.single_worker]
+BLOCK = [n for n in PARALLEL if not consensus.ALGORITHMS[n].per_step]
+
+
+def cfg_for(path, run_dir, algo, n=3, **extra):
+    """A small simulated run's configuration: N = n workers of the tiny
+    net on `path`, 2 passes of 40-sample splits; extra: more settings, as
+    keywords named section.key (`**{"optim.lr": 0.1}`)."""
+    sets = [f"data.path={path}", f"algorithm.name={algo}", "data.split_size=40",
+            "data.batch=16", "model.layers=tiny", "run.passes=2", "run.quiet=true",
+            f"run.dir={run_dir}", f"run.simulate={n}", "run.threads=1"]
+    return load(None, sets + [f"{k}={v}" for k, v in extra.items()])
 
 
 def mpiexec(n, *more):
@@ -23,6 +42,15 @@ def small_dataset(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("ds") / "synth16")
     prep_synth(out, n=600, size=16, seed=4, shards=3, quiet=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def trained(small_dataset, tmp_path_factory):
+    """model.npz of a one-pass run on small_dataset (session-wide: read only)."""
+    from ibtmpi.cli import main
+    run = tmp_path_factory.mktemp("trained") / "run"
+    assert main(["train"] + train_args(small_dataset, run)) == 0
+    return str(run / "model.npz")
 
 
 def copy_dataset(src, dst):

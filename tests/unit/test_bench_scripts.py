@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import BLOCK
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 BIN = os.path.dirname(sys.executable)
@@ -27,7 +28,7 @@ def test_consensus_benchmark(gpu):
                        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-2000:]      # it asserts z is the same every way
     got = rows(r.stdout)
-    assert [x[0] for x in got] == ["ma", "admm", "bmuf", "ibt", "easgd"], r.stdout
+    assert [x[0] for x in got] == BLOCK, r.stdout
     assert all(min(map(float, x[1:4])) > 0 and x[4].endswith("x") for x in got), r.stdout
     assert all(len(x) == 5 + gpu for x in got), r.stdout
 

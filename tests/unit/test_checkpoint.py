@@ -7,13 +7,14 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import PARALLEL
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi.config import load
 from ibtmpi.train import InjectedFault, Trainer
 from ibtmpi.config import ADDED_KEYS
 
-ALGOS = ["ma", "admm", "bmuf", "ibt", "easgd", "ssgd"]
+ALGOS = PARALLEL                  # every algorithm for N > 1 (the registry)
 
 
 def cfg(path, run_dir, algo, **extra):

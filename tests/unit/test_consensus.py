@@ -4,6 +4,7 @@ workers, admm (worker path: Consensus + SGD with the prox hook) converges
 to the centralised optimum computed independently by scipy's L-BFGS."""
 import numpy as np
 import pytest
+from conftest import BLOCK
 from scipy.optimize import minimize
 
 from ibtmpi import consensus
@@ -160,7 +161,7 @@ class _Device(np.ndarray):
     path), as a GPU worker's CuPy arrays are."""
 
 
-@pytest.mark.parametrize("algo", ["ma", "admm", "bmuf", "ibt", "easgd"])
+@pytest.mark.parametrize("algo", BLOCK)
 def test_chunked_host_update_equals_the_whole_vector_one(algo):
     """The host update runs chunk by chunk (over threads); a GPU worker's
     runs on whole vectors. z, U and the momentum must be bitwise the same

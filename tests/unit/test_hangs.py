@@ -1,7 +1,7 @@
 """No rank hangs when another stops: a master stopped mid-run (SIGSTOP)
 is found by the workers' own deadline, the job ends with one line and exit
 1, and `ibtmpi status` says why; a stopped worker stays the master's to
-name (tests/unit/test_hardening2.py)."""
+name (tests/unit/test_job_endings.py)."""
 import os
 import signal
 import subprocess

@@ -21,9 +21,9 @@ from ibtmpi.train import InjectedFault, Trainer
 from ibtmpi.config import run_hash
 from ibtmpi.outputs import save_model
 
-from conftest import copy_dataset, train_args
+from conftest import PARALLEL, copy_dataset, train_args
 
-ALGOS = ["ma", "admm", "bmuf", "ibt", "easgd", "ssgd"]
+ALGOS = PARALLEL                  # every algorithm for N > 1 (the registry)
 
 
 def cfg(data, run_dir, algo="ibt", **extra):

@@ -4,20 +4,18 @@ and resume take it with no other change. Here each is defined inside the
 test (its "new file") and removed again afterwards."""
 import os
 
+import conftest
 import numpy as np
 import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi import consensus, optim
-from ibtmpi.config import ConfigError, load
+from ibtmpi.config import ConfigError
 from ibtmpi.train import Trainer
 
 
 def cfg_for(path, run_dir, algo, n=2, **extra):
-    sets = [f"data.path={path}", f"algorithm.name={algo}", "data.split_size=40",
-            "data.batch=16", "model.layers=tiny", "run.passes=2", "run.quiet=true",
-            f"run.dir={run_dir}", f"run.simulate={n}", "run.threads=1"]
-    return load(None, sets + [f"{k}={v}" for k, v in extra.items()])
+    return conftest.cfg_for(path, run_dir, algo, n, **extra)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import PARALLEL, cfg_for
 
 from ibtmpi import comm
 from ibtmpi.cli import main
@@ -12,15 +13,7 @@ from ibtmpi.config import ConfigError, load
 from ibtmpi.train import Trainer
 
 
-def cfg_for(path, run_dir, algo, n=3, **extra):
-    sets = [f"data.path={path}", f"algorithm.name={algo}", "data.split_size=40",
-            "data.batch=16", "model.layers=tiny", "run.passes=2", "run.quiet=true",
-            f"run.dir={run_dir}", f"run.simulate={n}", "run.threads=1"]
-    sets += [f"{k}={v}" for k, v in extra.items()]
-    return load(None, sets)
-
-
-@pytest.mark.parametrize("algo", ["ma", "admm", "bmuf", "ibt", "easgd", "ssgd"])
+@pytest.mark.parametrize("algo", PARALLEL)
 def test_every_algorithm_runs_and_counts_allreduces(small_dataset, tmp_path, algo):
     cfg = cfg_for(small_dataset, tmp_path / "r", algo)
     comm.STATS.update(allreduce=0, bytes=0)

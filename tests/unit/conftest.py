@@ -104,3 +104,24 @@ def start_job(data, run_dir, env=None, passes=400):
             break
     time.sleep(1.0)
     return p
+
+
+def stop_rank_of_a_job(data, run_dir, rank, timeout):
+    """SIGSTOP `rank` of a start_job() job (its watchdog floor lowered to
+    3 s) and wait for the job to end: (Popen, stdout, stderr, seconds from
+    the stop to the end). The stopped process is killed afterwards."""
+    import signal
+    import time
+    p = start_job(data, run_dir, {"IBTMPI_WATCHDOG_FLOOR_S": "3"})
+    pid = rank_pid(run_dir, rank)
+    assert pid, f"rank {rank} not found"
+    t0 = time.time()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return p, out, err, time.time() - t0

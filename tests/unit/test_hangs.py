@@ -9,26 +9,14 @@ import time
 
 import pytest
 
-from conftest import IBTMPI, MPIEXEC, mpiexec, rank_pid, start_job, train_args
+from conftest import IBTMPI, MPIEXEC, mpiexec, start_job, stop_rank_of_a_job, train_args
 
 pytestmark = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec in the venv")
 
 
 def test_a_stopped_master_is_found_by_the_workers(small_dataset, tmp_path):
     run = tmp_path / "run"
-    p = start_job(small_dataset, run, {"IBTMPI_WATCHDOG_FLOOR_S": "3"})
-    master = rank_pid(run, 0)
-    assert master, "rank 0 not found"
-    t0 = time.time()
-    os.kill(master, signal.SIGSTOP)
-    try:
-        out, err = p.communicate(timeout=90)
-    finally:
-        try:
-            os.kill(master, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    took = time.time() - t0
+    p, out, err, took = stop_rank_of_a_job(small_dataset, run, 0, timeout=90)
     assert p.returncode == 1, err[-2000:]
     assert took < 40, took                  # 3 s floor + 15 s margin, not forever
     said = [x for x in err.splitlines() if "hung rank" in x]

@@ -80,26 +80,13 @@ def test_a_stopped_worker_is_found_by_the_default_watchdog(small_dataset, tmp_pa
     """SIGSTOP one worker mid-run with run.watchdog_s at its default (auto;
     its 60 s floor lowered to 3 s through the environment for the test):
     one line naming the rank, exit 1, and `ibtmpi status` says hung rank."""
-    import signal
     import subprocess
 
-    import time
-    from conftest import IBTMPI, start_job
+    from conftest import IBTMPI, stop_rank_of_a_job
     run = tmp_path / "run"
-    p = start_job(small_dataset, run, {"IBTMPI_WATCHDOG_FLOOR_S": "3"})
-    worker = rank_pid(run, 2)
-    assert worker, "rank 2 not found"
-    t0 = time.time()
-    os.kill(worker, signal.SIGSTOP)
-    try:
-        out, err = p.communicate(timeout=60)
-    finally:
-        try:
-            os.kill(worker, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    p, out, err, took = stop_rank_of_a_job(small_dataset, run, 2, timeout=60)
     assert p.returncode == 1, err[-2000:]
-    assert time.time() - t0 < 30
+    assert took < 30
     said = [x for x in err.splitlines() if "hung rank" in x]
     # stopped before or inside the Allreduce: named either way (it is on this node)
     assert said and ("rank(s) [2] had not arrived" in said[0]

@@ -165,7 +165,7 @@ def _train(st, size, rank, log):
     try:
         trainer.run()
     except Preempted as e:
-        if trainer.interrupted:
+        if trainer.control.interrupted:
             log(f"ibtmpi train: interrupted: {e} (exit status {EXIT_INTERRUPTED})")
             return EXIT_INTERRUPTED
         log(f"ibtmpi train: preempted: {e} (exit status {EXIT_PREEMPTED})")
@@ -183,7 +183,7 @@ def _train(st, size, rank, log):
             return 2
         return fail(f"ibtmpi train: error: {e}", 2, size, rank)
     except DatasetError as e:            # a damaged row met in mid-run: this rank's alone
-        msg = (f"[rank {rank}] ibtmpi train: error in block {trainer.block}: {e}. "
+        msg = (f"[rank {rank}] ibtmpi train: error in block {trainer.control.block}: {e}. "
                f"Complete checkpoints are kept: the same command resumes once the "
                f"data set is whole")
         keep_error(cfg, rank, msg)        # `ibtmpi status`: failed, and why
@@ -192,7 +192,7 @@ def _train(st, size, rank, log):
         if is_storage_error(e):          # disk full, quota, read-only: say so in one line
             where = f" {e.filename}" if e.filename else f" a file in {trainer.run_dir}"
             msg = (f"[rank {rank}] ibtmpi train: error: cannot write{where}: "
-                   f"{e.strerror} (block {trainer.block}, phase {trainer.phase}). "
+                   f"{e.strerror} (block {trainer.control.block}, phase {trainer.control.phase}). "
                    f"Complete checkpoints are kept: free space (or fix the file "
                    f"system) and run the same command again to resume")
             keep_error(cfg, rank, msg)    # a few bytes: often still room for them
@@ -230,7 +230,7 @@ def _out_of_memory(err, trainer, cfg, ops, size, rank):
     if trainer is None:
         msg = oom_text(err, rank, "start-up", 0, batch, gpu, pool)
     else:
-        msg = oom_text(err, rank, trainer.phase, trainer.block, batch, gpu, pool,
+        msg = oom_text(err, rank, trainer.control.phase, trainer.control.block, batch, gpu, pool,
                        trainer.sharing(), master=not trainer.local)
     keep_error(cfg, rank, msg)
     return fail(msg, EXIT_NO_MEMORY, size, rank, every_rank=True)
@@ -240,8 +240,8 @@ def _crash(trainer, cfg, size, rank):
     """An unexpected exception: every rank that has one prints its traceback
     (kept in RUN/error-rank-R.txt too) and the job is aborted."""
     import traceback
-    msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.block}, phase "
-           f"{trainer.phase}:\n" + traceback.format_exc())
+    msg = (f"[rank {rank}] ibtmpi train failed in block {trainer.control.block}, phase "
+           f"{trainer.control.phase}:\n" + traceback.format_exc())
     keep_error(cfg, rank, msg.rstrip("\n"))
     return fail(msg, 1, size, rank, every_rank=True, one_line=False)
 

@@ -93,7 +93,7 @@ class MasterEvaluation:
 
     def _finish_eval(self):
         if self._pending_eval is not None:
-            self.phase = "evaluation"
+            self.control.at("evaluation")
             while self._work():
                 pass
 

@@ -222,38 +222,99 @@ def resolve_deadline(spec, env=None, clock=time.time):
 SECOND_PRESS_S = 1.0        # a terminal and the launcher both deliver one Ctrl-C
 
 
-def install_stop_handlers(trainer):
+class RunControl:
+    """Where this rank's job is and what may end it: the block and phase (for
+    every message that names them), the stop this rank asks for (a signal,
+    the time limit) and what the block's flags made every rank agree on
+    (stop, early stop), the deadline (the master's), the faults tests plant,
+    and the block times the watchdog scales with. One per rank; the parts
+    read it and say what happened through its methods; the signal handlers
+    (install_stop_handlers) write only here."""
+
+    def __init__(self, rank, time_limit=None, faults=None):
+        self.rank = rank
+        self.block, self.phase = -1, "setup"
+        self.stop_requested = False      # this rank asks (signal, time limit)
+        self.stop_reason = "a signal"
+        self.interrupted = False         # the stop came from Ctrl-C: exit 130
+        self.stop_agreed = False         # every rank: stop after this block
+        self.early_agreed = False        # every rank: run.early_stop ends the run here
+        self.start_block = 0             # this job's first block (the watchdog skips it)
+        self.slowest_block_s = 0.0       # the longest block so far, all work in
+        self.faults = faults if faults is not None else Faults()
+        self.deadline = None             # only the master watches the clock
+        if time_limit is not None:
+            dl = Deadline(time_limit)
+            self.deadline = dl if dl.at is not None else None
+
+    def begin_job(self, start):
+        self.start_block = start
+
+    def begin_block(self, k):
+        self.block = k
+
+    def enter(self, phase):
+        """Enter a phase; raise the injected fault if it targets this point."""
+        self.phase = phase
+        self.faults.enter(self.rank, self.block, phase)
+
+    def at(self, phase, block=None):
+        """Name where the job is without a fault point (a background write's
+        failure is reported as its own block's)."""
+        self.phase = phase
+        if block is not None:
+            self.block = block
+
+    def request_stop(self, reason, interrupted=False):
+        self.stop_requested = True
+        self.stop_reason = reason
+        self.interrupted = self.interrupted or interrupted
+
+    def agree(self, stop, early):
+        """What the block's flags said, the same on every rank."""
+        self.stop_agreed, self.early_agreed = bool(stop), bool(early)
+
+    def block_ended(self, seconds):
+        self.slowest_block_s = max(self.slowest_block_s, seconds)
+
+    def checkpoint_took(self, seconds):
+        """The time limit keeps room for the longest checkpoint write."""
+        if self.deadline is not None:
+            self.deadline.ckpt_s = max(self.deadline.ckpt_s, seconds)
+
+
+def install_stop_handlers(control, goodbye=None):
     """SIGTERM / SIGUSR1 ask for a checkpoint-and-stop at the end of the
     current block (all ranks agree through the block's Allreduce flags).
     The first Ctrl-C (SIGINT) does the same and ends with exit 130; a
     second one, more than SECOND_PRESS_S later, stops at once (the last
-    complete checkpoint is kept)."""
+    complete checkpoint is kept; goodbye() first, where given: the job
+    ended on purpose, it was not lost)."""
     import signal
     import threading
     old = {}
     if threading.current_thread() is threading.main_thread():
         def on_signal(signum, frame):
-            trainer.stop_requested = True
+            control.stop_requested = True      # the reason stays the default
         first = []
 
         def on_interrupt(signum, frame):
             now = time.monotonic()
             if not first:
                 first.append(now)
-                trainer.stop_requested = trainer.interrupted = True
-                trainer.stop_reason = "Ctrl-C (SIGINT)"
-                if trainer.rank == 0:
+                control.request_stop("Ctrl-C (SIGINT)", interrupted=True)
+                if control.rank == 0:
                     print(f"interrupted: stopping with a checkpoint at the end of this "
                           f"block (exit {EXIT_INTERRUPTED}); press Ctrl-C again to stop at "
                           f"once", file=sys.stderr, flush=True)
             elif now - first[0] > SECOND_PRESS_S:
-                if trainer.rank == 0:
-                    print(f"interrupted again: stopped at once in block {trainer.block}; "
+                if control.rank == 0:
+                    print(f"interrupted again: stopped at once in block {control.block}; "
                           f"the last complete checkpoint is kept (exit {EXIT_INTERRUPTED})",
                           file=sys.stderr, flush=True)
                 sys.stdout.flush()
-                if getattr(trainer, "lifeline", None) is not None:
-                    trainer.lifeline.goodbye()      # ended on purpose, not lost
+                if goodbye is not None:
+                    goodbye()                      # ended on purpose, not lost
                 os._exit(EXIT_INTERRUPTED)  # no MPI teardown to wait for or complain
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             old[sig] = signal.signal(sig, on_signal)

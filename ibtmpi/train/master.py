@@ -151,7 +151,7 @@ class MasterReports:
         due = (k + 1) % eval_every == 0 or last
         if due and self.val is not None:
             self._finish_eval()         # one evaluation at a time
-            self._at("evaluation")
+            self.control.enter("evaluation")
             out = {}
             self._pending_eval = (rec, self._eval_steps(self.val, self.z, out), out)
             if self.local or last:      # nothing to overlap with: now
@@ -216,8 +216,8 @@ class MasterReports:
                 os.remove(os.path.join(r["dir"], BEST))
             except FileNotFoundError:
                 pass
-        if self.deadline is not None:
-            self.log(f"time limit {self.deadline.text()}: the run stops with a "
+        if self.control.deadline is not None:
+            self.log(f"time limit {self.control.deadline.text()}: the run stops with a "
                      f"checkpoint before it (exit 75) and resumes when run again")
         self.metrics_f = open_append(mpath, truncate=not start)
         self.tb = None
@@ -330,7 +330,7 @@ class MasterReports:
             self.metrics_f.close()
             acc = (f" (test accuracy {summary['test_acc']:.4f})"
                    if "test_acc" in summary else "")
-            if self.early_agreed:
+            if self.control.early_agreed:
                 self.log(f"{r['dir']} stopped early after block {self.start - 1} "
                          f"(run.early_stop){acc}: nothing to train, its summary and model "
                          f"are kept. Use another run.dir to train again")
@@ -340,7 +340,7 @@ class MasterReports:
                          f"summary and model are kept. Raise run.passes to train on, or "
                          f"use another run.dir")
         elif self.is_master:
-            self.phase = "evaluation"
+            self.control.at("evaluation")
             t_eval = time.perf_counter()
             if self.test is not None:
                 out = {}
@@ -355,7 +355,7 @@ class MasterReports:
                        self.ds, self.cfg, self.zbuf)
             if self.best is not None:
                 summary["best"] = self._best_summary(summary)
-            if self.early_agreed and self.early is not None:
+            if self.control.early_agreed and self.early is not None:
                 summary["stopped_early"] = {"after_block": self.total_blocks - 1,
                                             "reason": self.early[1]}
                 self.log(f"early stop (run.early_stop): {self.early[1]}; stopped after "

@@ -86,8 +86,8 @@ def plan_lines(t):
         *([f"  {warn}"] if warn else []),
         f"  run.dir: {t.run_dir}: "
         + ("free" if lock is None else f"its lock would be taken over ({lock})"),
-        "  time limit: " + ("none" if t.deadline is None else
-                            f"{t.deadline.text()}: stops with a checkpoint before it"),
+        "  time limit: " + ("none" if t.control.deadline is None else
+                            f"{t.control.deadline.text()}: stops with a checkpoint before it"),
     ] + (["  diagnostics: " + "; ".join(
         t for t, on in (("cProfile of every rank (profile-rank-R.txt, .pstats)",
                          r["profile"]),

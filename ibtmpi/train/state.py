@@ -70,11 +70,11 @@ class CheckpointState:
         return a
 
     def _checkpoint(self, k):
-        self._at("checkpoint")
+        self.control.enter("checkpoint")
         if not np.isfinite(self.z).all():
             raise self._diverged(k, "the consensus model is not finite (not checkpointing "
                                     "it)", "all")
-        self.faults.disk_full(self.rank, k, os.path.join(   # injected full disk (tests)
+        self.control.faults.disk_full(self.rank, k, os.path.join(   # injected full disk (tests)
             ckpt.ckpt_dir(self.run_dir, k), ckpt.rank_file(self.rank)))
         self._checkpoint_join()          # the previous one's write, if still going
         # copies now (the state moves on with the next block), written by a
@@ -94,11 +94,10 @@ class CheckpointState:
         try:
             w.join()
         except BaseException:
-            self.block, self.phase = w.block, "checkpoint"
+            self.control.at("checkpoint", w.block)
             raise
         self.ckpt_write_max_s = max(self.ckpt_write_max_s, w.seconds)
-        if self.deadline is not None:   # the time limit keeps room for a whole write
-            self.deadline.ckpt_s = max(self.deadline.ckpt_s, w.seconds)
+        self.control.checkpoint_took(w.seconds)   # the time limit keeps room for it
 
     def _manifest(self, k):
         """Confirm checkpoint k: its manifest, once every metrics line up to

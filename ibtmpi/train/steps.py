@@ -89,8 +89,8 @@ class BlockSteps:
             mbs = self.loaders[i].block(p, b)
             t1, c1 = time.perf_counter(), time.process_time()
             self.tl.span("data", t0, t1, 1 + i, block=k)
-            self._at("compute")
-            self.faults.compute(self.rank, k)
+            self.control.enter("compute")
+            self.control.faults.compute(self.rank, k)
             self.model.set_dropout_seed([self.cfg["data"]["seed"], k, i])
             self._swap_in(i)
             self.model.load_buffers(self.zbuf)   # every worker starts from the agreed ones
@@ -110,7 +110,7 @@ class BlockSteps:
             loss_sum, cnt, corr = self._run_steps(mbs, self.feeds[i] if staged else None)
             if stage:
                 self.dev.to_host(self.model.params, wh)
-            if self.faults.hit(self.rank, k, "nan"):
+            if self.control.faults.hit(self.rank, k, "nan"):
                 loss_sum = float("nan")            # injected divergence (tests)
                 wh[0] = np.nan
             out = tmp if tmp is not None else vec
@@ -133,7 +133,7 @@ class BlockSteps:
         # waits for it now, a master of its own once the workers are there
         if self.local:
             self._flag_checkpoint()
-        self._at("allreduce")
+        self.control.enter("allreduce")
         t3, c3 = time.perf_counter(), time.process_time()
         S = self._reduce_packed(work, k, None if self.local else self._flag_checkpoint)
         t4 = self.t_reduced = time.perf_counter()   # the block's end (honest wall time)
@@ -175,7 +175,8 @@ class BlockSteps:
         """The block's Allreduce; with run.watchdog_s the master aborts a
         block past the limit, naming the ranks that had not arrived."""
         setting = self.cfg["run"]["watchdog_s"]
-        limit = watchdog_limit(setting, k, self.start_block, self.slowest_block_s)
+        limit = watchdog_limit(setting, k, self.control.start_block,
+                               self.control.slowest_block_s)
         if limit and setting == "auto":   # a block waits for the last checkpoint's write
             limit += 2 * self.ckpt_write_max_s
         # Workers are on the critical path (they compute right after): they
@@ -316,11 +317,11 @@ class BlockSteps:
         fl = self.packet.out("flags")
         for j in self._my_flag_slots():
             v = 0
-            if self.stop_requested:
+            if self.control.stop_requested:
                 v |= FLAG_STOP
             if ckpt and self.pending_ckpt is not None and self.pending_ok:
                 v |= FLAG_CKPT
-            if self.early is not None and self.block >= self.early[0]:
+            if self.early is not None and self.control.block >= self.early[0]:
                 v |= FLAG_EARLY
             fl[j] = v
 
@@ -344,8 +345,7 @@ class BlockSteps:
         if bad:
             ranks = [b + 1 for b in bad] if (mpi.world_size() > 1 and not self.simulate) else [0]
             raise self._diverged(k, f"non-finite loss or model on worker(s) {bad}", ranks)
-        self.stop_agreed = bool((f & FLAG_STOP).any())
-        self.early_agreed = bool((f & FLAG_EARLY).any())
+        self.control.agree(stop=(f & FLAG_STOP).any(), early=(f & FLAG_EARLY).any())
 
     def _block_ssgd(self, k, work):
         """Horovod-style: one fused Allreduce of the gradients per minibatch."""
@@ -364,7 +364,7 @@ class BlockSteps:
         tot = np.zeros(pk.flags0 - s0, np.float64)       # stats and timings
         w0 = self.model.params
         gsum = pk.model_out()
-        self._at("compute")
+        self.control.enter("compute")
         for s in range(steps):
             # ssgd: each step is a synchronous update, the schedule runs per step
             self.opt.lr = self.lr_at(k, s / steps, 1.0 / steps)
@@ -392,7 +392,7 @@ class BlockSteps:
                     self._put_memory(i)
                 if len(y) and not math.isfinite(loss):
                     pk.flag(1 + i, FLAG_NONFINITE)
-            self._at("allreduce")
+            self.control.enter("allreduce")
             t0, c0 = time.perf_counter(), time.process_time()
             S = self._reduce_packed(work, k)
             self.t_reduced = time.perf_counter()    # the last step's: the block's end

@@ -11,7 +11,7 @@ Per block ONE packed Allreduce (packet.py; ``ssgd``: one per minibatch),
 then every rank applies the same consensus update. The parts, one concern
 each: steps.py (one block on this rank's workers), state.py (checkpoints,
 resume, model.init), master.py (rank 0's evaluation, metrics, reports),
-lifecycle.py (faults, time limit, signals, profile), entry.py (the launch
+lifecycle.py (RunControl: block, phase, stop flags, time limit, faults; signals, profile), entry.py (the launch
 and exit statuses). The algorithm, the optimizer and the layers come from
 their registries (consensus/, optim/, layers/); nothing here names one.
 Tests: tests/unit/test_trainer.py (simulator), tests/mpi/test_trainer_mpi.py.
@@ -35,7 +35,7 @@ from ..model import Model
 from ..schedule import Schedule, split_size_for
 from . import lifecycle
 from ..errors import Preempted
-from .lifecycle import Deadline, Faults
+from .lifecycle import RunControl
 from .evaluation import MasterEvaluation
 from .master import MasterReports
 from .packet import BlockPacket
@@ -115,20 +115,11 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.z = (np.array(self._host(self.model.params)) if self.A.per_step
                   else self.cons.z)
         self._master_setup()
-        self.block, self.phase = -1, "setup"
-        self.stop_requested = self.stop_agreed = False
-        self.interrupted = False         # the stop came from Ctrl-C: exit 130
-        self.start_block = 0             # this job's first block (the watchdog skips it)
-        self.slowest_block_s = 0.0       # master: the longest block so far, all work in
-        self.early_agreed = False        # every rank: stop after this block
+        # block, phase, stop flags, the time limit (only the master watches the
+        # clock; the flags carry its stop to all), planted faults
+        self.control = RunControl(self.rank, r["time_limit"] if self.rank == 0 else None)
         self.tl = timeline.Off()         # run.timeline: this rank's trace events
         self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]
-        self.stop_reason = "a signal"
-        # only the master watches the clock; the flags carry its stop to all
-        self.deadline = None
-        if self.rank == 0:
-            dl = Deadline(r["time_limit"])
-            self.deadline = dl if dl.at is not None else None
         self.pending_ckpt = None         # block whose files await confirmation
         self.ckpt_write = None           # its write in flight (checkpoint.BackgroundWrite)
         self.ckpt_write_max_s = 0.0      # the longest write so far (the watchdog allows it)
@@ -142,7 +133,6 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.init_note = ""              # model.init: where the start came from
         self.run_dir = r["dir"]
         self._identities(cfg)
-        self.faults = Faults()
 
     def _identities(self, cfg):
         """What a checkpoint's manifest names: the configuration's digest,
@@ -276,11 +266,6 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
     def _dev(self, a):
         return a if self.dev is None else self.dev.asarray(a)
 
-    def _at(self, phase):
-        """Enter a phase; raise the injected fault if it targets this point."""
-        self.phase = phase
-        self.faults.enter(self.rank, self.block, phase)
-
     @property
     def dist(self):
         """Ranks in more than one process (collectives go over MPI)."""
@@ -349,8 +334,8 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
             return self._run()
         finally:
             if prof is not None:
-                lifecycle.write_profile(prof, self.run_dir, self.rank, self.block,
-                                        self.phase)
+                lifecycle.write_profile(prof, self.run_dir, self.rank, self.control.block,
+                                        self.control.phase)
             if lock is not None:
                 lock.release()
 
@@ -380,7 +365,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
             done, seg = mpi.bcast((done, seg))
         if done:
             self.total_blocks = start
-            self.early_agreed = True
+            self.control.agree(stop=False, early=True)
         if self.is_master:
             self._open_run_dir(start)
         self._start_reports(start)
@@ -418,8 +403,11 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         images = 0
         step_fn = self._block_ssgd if self.A.per_step else self._block_algo
         self._warm_up_and_trace(start, seg)
-        old = lifecycle.install_stop_handlers(self)
-        self.start_block, t_end = start, time.perf_counter()
+        lifeline = getattr(self, "lifeline", None)
+        old = lifecycle.install_stop_handlers(
+            self.control, goodbye=lifeline.goodbye if lifeline is not None else None)
+        self.control.begin_job(start)
+        t_end = time.perf_counter()
         # honest time: block k's wall runs from the end of block k-1 (its
         # Allreduce and update) to its own end on the master, everything in
         # between included; the first from the start of training
@@ -431,7 +419,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         err_old = np.seterr(over="ignore", invalid="ignore", divide="ignore")
         try:
             for k in range(start, self.total_blocks):
-                self.block = k
+                self.control.begin_block(k)
                 self.opt.lr = self.lr_at(k)
                 p, b, diag = step_fn(k, self._work)
                 rec = self._record(k, p, b, diag, *self._block_times())
@@ -439,23 +427,24 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                 images += rec["samples"]
                 if not np.isfinite(self.z).all():
                     raise self._diverged(k, "the consensus model z is not finite", "all")
-                if self.early_agreed:     # run.early_stop: this block is the last
+                ctl = self.control
+                if ctl.early_agreed:      # run.early_stop: this block is the last
                     self.total_blocks = k + 1
                 last = k + 1 == self.total_blocks
                 if self.is_master:
                     self._report_block(k, p, b, rec, last)
-                if self.deadline is not None and not (last or self.stop_requested):
-                    if self.deadline.due(rec["wall_s"], self.log):
-                        self.stop_requested = True
-                        self.stop_reason = f"the time limit ({self.deadline.source})"
+                if ctl.deadline is not None and not (last or ctl.stop_requested):
+                    if ctl.deadline.due(rec["wall_s"], self.log):
+                        ctl.request_stop(f"the time limit ({ctl.deadline.source})")
                 self._maybe_checkpoint(k, last)
                 now = time.perf_counter()    # block end to block end: the watchdog's scale
-                self.slowest_block_s, t_end = max(self.slowest_block_s, now - t_end), now
-                if self.early_agreed:
+                ctl.block_ended(now - t_end)
+                t_end = now
+                if ctl.early_agreed:
                     break
-                if self.stop_agreed and not last:
+                if ctl.stop_agreed and not last:
                     self._end_timeline()
-                    raise Preempted(f"stopped by {self.stop_reason} after block {k}; "
+                    raise Preempted(f"stopped by {ctl.stop_reason} after block {k}; "
                                     f"checkpoint {ckpt.ckpt_dir(self.run_dir, k)} written; "
                                     f"run the same command again to resume")
             self._end_timeline()
@@ -487,13 +476,12 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
 
     def _maybe_checkpoint(self, k, last):
         every = self.cfg["run"]["checkpoint_every"] or self.sched.blocks_per_pass
-        if (k + 1) % every == 0 or last or self.stop_agreed:
-            if last or self.stop_agreed:     # (else its manifest waits for it)
+        if (k + 1) % every == 0 or last or self.control.stop_agreed:
+            if last or self.control.stop_agreed:     # (else its manifest waits for it)
                 self._finish_eval()
             tc = time.perf_counter()
             self._checkpoint(k)
             t1 = time.perf_counter()
-            if self.deadline is not None:
-                self.deadline.ckpt_s = max(self.deadline.ckpt_s, t1 - tc)
+            self.control.checkpoint_took(t1 - tc)
             self.tl.span("checkpoint", tc, t1, self._lane, block=k)
         self.tl.flush()

@@ -195,7 +195,7 @@ def test_a_preempted_job_merges_the_timeline_of_its_blocks(small_dataset, tmp_pa
     mark = t._mark_flags
 
     def stop_at_block_2(**kw):                  # _mark_flags(ckpt=False) in a block
-        t.stop_requested = t.stop_requested or t.block == 2
+        t.control.stop_requested = t.control.stop_requested or t.control.block == 2
         mark(**kw)
     t._mark_flags = stop_at_block_2
     with pytest.raises(Preempted):

@@ -1,10 +1,12 @@
 """Rank 0's evaluation of z: where it runs (run.eval_device: the GPU the
 rank has, or the CPU), its batches interleaved with the waits for the
 workers (`_work`, called by comm.allreduce_sum while the master waits) and
-carried across as many blocks as it takes (`_settle_eval`; the metrics
-lines behind it and the manifest of a checkpoint taken meanwhile wait for
-its line), the best model it keeps and the early stop it decides.
-A mixin of train.trainer.Trainer, beside master.MasterReports (the records
+carried across as many blocks as it takes (`_settle_eval`; CarriedEvaluation:
+the metrics lines behind it and the manifest of a checkpoint taken
+meanwhile wait for its line), the best model it keeps and the early stop
+it decides (EvalHistory). CarriedEvaluation and EvalHistory are parts of
+their own, built alone in tests/unit/test_keep_best.py; the rest is a
+mixin of train.trainer.Trainer, beside master.MasterReports (the records
 and reports) whose `_emit` writes the evaluated line.
 Tests: tests/unit/test_keep_best.py, test_device_path.py (eval_device),
 tests/mpi/test_trainer_mpi.py (the carried evaluation).
@@ -20,6 +22,103 @@ from ..monitor import eval_rank
 from ..outputs import save_model
 
 BEST = "model-best.npz"
+
+
+class EvalHistory:
+    """The evaluations of z so far as run.keep_best and run.early_stop read
+    them: the best (the block with the highest val accuracy; equal accuracy:
+    the lower val loss), early stop's reference and the evaluations since
+    it, and the early stop decided (block, reason). No files and no model:
+    the master's evaluation writes model-best.npz when `observe` says so."""
+
+    def __init__(self, patience=0, delta=0.0):
+        self.patience, self.delta = patience, delta
+        self.best = None                 # {block, pass, val_acc, val_loss}
+        self.ref = None                  # early stop's reference evaluation
+        self.since_ref = 0               # evaluations since then
+        self.early = None                # (block to stop after, reason)
+
+    def observe(self, rec):
+        """One evaluation's metrics line; True when it is the best so far.
+        The early stop counts the evaluations since the last one that was
+        better than its reference: the same order, or with delta = d a val
+        accuracy higher by more than d (the reference is then the last
+        evaluation that was: small gains add up until together they clear
+        d). The evaluation of block k may end while block k+1 runs, after
+        k+1's flags went out: the stop rides on block k+2's flags, in every
+        run alike (MPI, simulation, resumed), so it ends after k+2."""
+        better = self.best is None or eval_rank(rec) > eval_rank(self.best)
+        if better:
+            self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
+        d, ref = self.delta, self.ref
+        if ref is None or (rec["val_acc"] > ref["val_acc"] + d if d else
+                           eval_rank(rec) > eval_rank(ref)):
+            self.ref, self.since_ref = rec, 0
+            return better
+        self.since_ref += 1
+        p = self.patience
+        if p and self.since_ref >= p and self.early is None:
+            than = (f"above {ref['val_acc']:.4f} + {d:g}" if d else
+                    f"better than {ref['val_acc']:.4f}")
+            self.early = (rec["block"] + 2, f"no val accuracy {than} (block "
+                          f"{ref['block']}) in {p} evaluations")
+        return better
+
+
+class CarriedEvaluation:
+    """The master's evaluation in flight: its batches run in the waits for
+    the workers (`work`, from comm.allreduce_sum), across as many blocks as
+    it takes; the metrics lines of the blocks behind it, and the manifests
+    of checkpoints confirmed meanwhile, wait for its line so both stay in
+    block order. emit(rec, out) writes a metrics line, manifest(k) a
+    checkpoint's manifest; span(t0, t1, block) is the timeline's."""
+
+    def __init__(self, emit, manifest, span):
+        self.emit, self.manifest, self.span = emit, manifest, span
+        self.pending = None              # (record, generator, out)
+        self.queued = []                 # metrics lines waiting behind it
+        self.deferred = []               # checkpoints confirmed once those are out
+        self.cpu_s = 0.0                 # rank 0 CPU spent evaluating (useful work)
+
+    def start(self, rec, steps, out):
+        self.pending = (rec, steps, out)
+
+    def line(self, rec):
+        """A block's metrics line: now, or behind the evaluation in flight."""
+        if self.pending is not None:
+            self.queued.append(rec)
+        else:
+            self.emit(rec, None)
+
+    def confirm(self, k):
+        """Checkpoint k's manifest: now, or once the lines up to k are out."""
+        if self.pending is not None:
+            self.deferred.append(k)
+        else:
+            self.manifest(k)
+
+    def work(self):
+        """One batch of the evaluation in flight; False when there is none
+        (its line, and those behind it, are then written)."""
+        if self.pending is None:
+            return False
+        c0, t0 = time.process_time(), time.perf_counter()
+        try:
+            next(self.pending[1])
+            self.span(t0, time.perf_counter(), self.pending[0]["block"])
+            return True
+        except StopIteration:
+            self.emit(self.pending[0], self.pending[2])
+            self.pending = None
+            queued, self.queued = self.queued, []
+            for rec in queued:
+                self.emit(rec, None)
+            deferred, self.deferred = self.deferred, []
+            for k in deferred:
+                self.manifest(k)
+            return False
+        finally:
+            self.cpu_s += time.process_time() - c0
 
 
 class MasterEvaluation:
@@ -57,26 +156,12 @@ class MasterEvaluation:
     def _work(self):
         """The master's useful work while waiting: one batch of the pending
         evaluation. Returns False when there is nothing to do."""
-        if self._pending_eval is None:
-            return False
-        c0, t0 = time.process_time(), time.perf_counter()
-        try:
-            next(self._pending_eval[1])
-            self.tl.span("evaluation", t0, time.perf_counter(), 0,
-                         block=self._pending_eval[0]["block"])
-            return True
-        except StopIteration:
-            self._emit(self._pending_eval[0], self._pending_eval[2])
-            self._pending_eval = None
-            queued, self._queued = self._queued, []
-            for rec in queued:
-                self._emit(rec, None)
-            deferred, self._deferred_manifests = self._deferred_manifests, []
-            for k in deferred:
-                self._write_manifest(k)
-            return False
-        finally:
-            self.eval_cpu += time.process_time() - c0
+        return self.carried.work()
+
+    def _new_carried(self):
+        return CarriedEvaluation(
+            self._emit, self._write_manifest,
+            lambda t0, t1, k: self.tl.span("evaluation", t0, t1, 0, block=k))
 
     def _settle_eval(self):
         """After a block: finish the pending evaluation, unless it may be
@@ -92,7 +177,7 @@ class MasterEvaluation:
             self._finish_eval()
 
     def _finish_eval(self):
-        if self._pending_eval is not None:
+        if self.carried.pending is not None:
             self.control.at("evaluation")
             while self._work():
                 pass
@@ -100,7 +185,7 @@ class MasterEvaluation:
     def _best_summary(self, summary):
         """summary.json's "best": the block with the best val accuracy, and
         its model's test accuracy (the final one's where that is the last)."""
-        b = dict(self.best)
+        b = dict(self.evals.best)
         path = os.path.join(self.run_dir, BEST)
         if not (self.cfg["run"]["keep_best"] and os.path.exists(path)):
             return b
@@ -121,34 +206,11 @@ class MasterEvaluation:
 
     def _on_evaluation(self, rec, write=True):
         """Master, at each evaluation (write=False: replaying those of a
-        resumed run): a z with higher val accuracy than every earlier one
-        (equal accuracy: lower val loss) is written to RUN/model-best.npz;
-        the evaluated z is the evaluation model's (the consensus has moved
-        on while the evaluation overlapped the next block). run.early_stop
-        counts the evaluations since the last one that was better than its
-        reference: the same order, or with run.early_stop_delta = d a val
-        accuracy higher by more than d (the reference is then the last
-        evaluation that was: small gains add up until together they clear d)."""
-        r = self.cfg["run"]
-        b = self.best
-        if b is None or eval_rank(rec) > eval_rank(b):
-            self.best = {k: rec[k] for k in ("block", "pass", "val_acc", "val_loss")}
-            if write and r["keep_best"]:
-                save_model(os.path.join(self.run_dir, BEST),
-                           self._host_params(self.eval_model.params), self.model, self.ds,
-                           self.cfg, self._host_params(self.eval_model.buffers))
-        d, ref = r["early_stop_delta"], self.ref
-        if ref is None or (rec["val_acc"] > ref["val_acc"] + d if d else
-                           eval_rank(rec) > eval_rank(ref)):
-            self.ref, self.since_ref = rec, 0
-            return
-        self.since_ref += 1
-        p = r["early_stop"]
-        if p and self.since_ref >= p and self.early is None:
-            # this evaluation may end while block k+1 runs, after k+1's
-            # flags went out: the stop rides on block k+2's flags, in every
-            # run alike (MPI, simulation, resumed), so it ends after k+2
-            than = (f"above {ref['val_acc']:.4f} + {d:g}" if d else
-                    f"better than {ref['val_acc']:.4f}")
-            self.early = (rec["block"] + 2, f"no val accuracy {than} (block "
-                          f"{ref['block']}) in {p} evaluations")
+        resumed run): the history decides (EvalHistory); a new best is
+        written to RUN/model-best.npz. The evaluated z is the evaluation
+        model's (the consensus has moved on while the evaluation overlapped
+        the next block)."""
+        if self.evals.observe(rec) and write and self.cfg["run"]["keep_best"]:
+            save_model(os.path.join(self.run_dir, BEST),
+                       self._host_params(self.eval_model.params), self.model, self.ds,
+                       self.cfg, self._host_params(self.eval_model.buffers))

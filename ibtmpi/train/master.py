@@ -26,7 +26,7 @@ from ..monitor import (MasterLate, Progress, Starved, Stragglers,
 from ..outputs import save_model
 from .plan import split_note
 
-from .evaluation import BEST
+from .evaluation import BEST, EvalHistory
 
 
 class MasterReports:
@@ -44,19 +44,14 @@ class MasterReports:
                                     self.ds.n_classes, ops=self._eval_ops())
         self.metrics_f = None
         self.history = []
-        self.best = None                 # master: the best evaluation so far
-        self.ref = None                  # master: early stop's reference evaluation
-        self.since_ref = 0               # master: evaluations since then
-        self.early = None                # master: (block, reason) of run.early_stop
+        r = self.cfg["run"]           # the master's: best so far, early stop
+        self.evals = EvalHistory(r["early_stop"], r["early_stop_delta"])
+        self.carried = self._new_carried()   # the evaluation in flight, lines behind it
 
     def _start_reports(self, start):
         """Progress (a bar on a terminal, lines in a batch log), straggler,
         starvation and memory-growth watches, the pending evaluation."""
         r, n = self.cfg["run"], self.n_workers
-        self._pending_eval = None      # (record, generator, out)
-        self._queued = []              # metrics lines waiting behind that evaluation
-        self._deferred_manifests = []  # checkpoints confirmed once those lines are out
-        self.eval_cpu = 0.0            # rank 0 CPU spent evaluating (useful work)
         self.bar = None
         if self.is_master and not r["quiet"] and sys.stderr.isatty():
             from tqdm import tqdm
@@ -153,13 +148,11 @@ class MasterReports:
             self._finish_eval()         # one evaluation at a time
             self.control.enter("evaluation")
             out = {}
-            self._pending_eval = (rec, self._eval_steps(self.val, self.z, out), out)
+            self.carried.start(rec, self._eval_steps(self.val, self.z, out), out)
             if self.local or last:      # nothing to overlap with: now
                 self._finish_eval()
-        elif self._pending_eval is not None:
-            self._queued.append(rec)    # after the carried evaluation's line
         else:
-            self._emit(rec, None)
+            self.carried.line(rec)      # behind a carried evaluation's line, or now
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{rec['train_loss']:.3f}")
@@ -271,9 +264,9 @@ class MasterReports:
                    "passes": self.total_blocks / self.sched.blocks_per_pass,
                    "wall_s": wall, "rank0_cpu_s": cpu,
                    "rank0_cpu_share": cpu / wall if wall else 0.0,
-                   "rank0_eval_cpu_s": self.eval_cpu,
+                   "rank0_eval_cpu_s": self.carried.cpu_s,
                    # what rank 0 burns besides evaluating: waiting, updates, I/O
-                   "rank0_other_cpu_share": (cpu - self.eval_cpu) / wall if wall else 0.0,
+                   "rank0_other_cpu_share": (cpu - self.carried.cpu_s) / wall if wall else 0.0,
                    "allreduce_calls": mpi.STATS["allreduce"] - calls0,
                    "allreduce_bytes": mpi.STATS["bytes"] - bytes0,
                    "images": int(images), "simulated": bool(self.simulate),
@@ -353,12 +346,13 @@ class MasterReports:
                 summary["val_acc"] = last_val[-1]["val_acc"]
             save_model(os.path.join(r["dir"], "model.npz"), self._host(self.z), self.model,
                        self.ds, self.cfg, self.zbuf)
-            if self.best is not None:
+            if self.evals.best is not None:
                 summary["best"] = self._best_summary(summary)
-            if self.control.early_agreed and self.early is not None:
+            early = self.evals.early
+            if self.control.early_agreed and early is not None:
                 summary["stopped_early"] = {"after_block": self.total_blocks - 1,
-                                            "reason": self.early[1]}
-                self.log(f"early stop (run.early_stop): {self.early[1]}; stopped after "
+                                            "reason": early[1]}
+                self.log(f"early stop (run.early_stop): {early[1]}; stopped after "
                          f"block {self.total_blocks - 1}")
             replace_file(done, json.dumps(summary, indent=1))
             self.metrics_f.close()

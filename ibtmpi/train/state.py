@@ -104,10 +104,7 @@ class CheckpointState:
         block k is written. While an evaluation is carried across the
         waits (MasterReports._settle_eval) the lines behind it are not, so
         the manifest waits for it (a resume from k finds lines 0..k)."""
-        if getattr(self, "_pending_eval", None) is not None:
-            self._deferred_manifests.append(k)
-            return
-        self._write_manifest(k)
+        self.carried.confirm(k)
 
     def _write_manifest(self, k):
         world = 1 if self.simulate else mpi.world_size()

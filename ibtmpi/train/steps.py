@@ -321,7 +321,8 @@ class BlockSteps:
                 v |= FLAG_STOP
             if ckpt and self.pending_ckpt is not None and self.pending_ok:
                 v |= FLAG_CKPT
-            if self.early is not None and self.control.block >= self.early[0]:
+            early = self.evals.early      # the master's decision (None elsewhere)
+            if early is not None and self.control.block >= early[0]:
                 v |= FLAG_EARLY
             fl[j] = v
 

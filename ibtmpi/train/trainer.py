@@ -356,7 +356,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
             self._read_history(float("inf") if self.reshape else start)
         # a run that stopped early (run.early_stop) and is run again: its
         # last checkpoint is the stop block, nothing is left to train
-        done = self.is_master and self.early is not None and self.early[0] < start
+        done = self.is_master and self.evals.early is not None and self.evals.early[0] < start
         # run.timeline: the master names this job's segment before the bcast,
         # so no rank has opened its file when a fresh start clears old ones
         seg = (timeline.new_segment(self.run_dir, start)

@@ -206,3 +206,46 @@ def test_early_stop_delta_errors(small_dataset, tmp_path, sets, msg):
     from ibtmpi.config import ConfigError
     with pytest.raises(ConfigError, match=re.escape(msg)):
         cfg(small_dataset, tmp_path, **sets)
+
+
+def test_the_history_alone_decides_best_and_early_stop():
+    """EvalHistory with no trainer: the best by val accuracy (ties: the
+    lower loss); patience 2 counts the evaluations since the last better
+    one, and the stop rides two blocks later."""
+    from ibtmpi.train.evaluation import EvalHistory
+    h = EvalHistory(patience=2)
+
+    def ev(block, acc, loss):
+        return h.observe({"block": block, "pass": 0, "val_acc": acc, "val_loss": loss})
+    assert ev(0, 0.50, 1.0) and h.best["block"] == 0
+    assert ev(1, 0.50, 0.9) and h.best["block"] == 1          # a tie, lower loss
+    assert not ev(2, 0.40, 0.8) and h.early is None           # 1 without a better one
+    assert not ev(3, 0.45, 0.7)
+    assert h.early == (5, "no val accuracy better than 0.5000 (block 1) in 2 evaluations")
+    assert h.best == {"block": 1, "pass": 0, "val_acc": 0.50, "val_loss": 0.9}
+    d = EvalHistory(patience=1, delta=0.05)                   # small gains do not count
+    d.observe({"block": 0, "pass": 0, "val_acc": 0.50, "val_loss": 1.0})
+    assert d.observe({"block": 1, "pass": 0, "val_acc": 0.52, "val_loss": 1.0})  # a best
+    assert d.early == (3, "no val accuracy above 0.5000 + 0.05 (block 0) in 1 evaluations")
+
+
+def test_a_carried_evaluation_keeps_lines_and_manifests_in_block_order():
+    """CarriedEvaluation with no trainer: lines and checkpoint manifests
+    that come while an evaluation is in flight wait for its line."""
+    from ibtmpi.train.evaluation import CarriedEvaluation
+    said = []
+    c = CarriedEvaluation(emit=lambda rec, out: said.append(("line", rec["block"], out)),
+                          manifest=lambda k: said.append(("manifest", k)),
+                          span=lambda t0, t1, k: said.append(("span", k)))
+    c.line({"block": 0})                        # nothing in flight: at once
+    out = {"acc": 0.9}
+    c.start({"block": 1}, iter(range(2)), out)  # an evaluation of two batches
+    c.line({"block": 2})
+    c.confirm(2)
+    assert said == [("line", 0, None)]
+    assert c.work() and c.work()                # its batches, in the waits
+    assert not c.work()                         # done: its line, then the rest
+    assert said == [("line", 0, None), ("span", 1), ("span", 1), ("line", 1, out),
+                    ("line", 2, None), ("manifest", 2)]
+    c.confirm(3)                                # nothing in flight: at once
+    assert said[-1] == ("manifest", 3) and c.cpu_s >= 0 and not c.work()

@@ -1,4 +1,4 @@
-"""One block on this rank's workers, and the block's Allreduce.
+"""One block on this rank's workers (its Allreduce: exchange.py).
 
 ``block_algo``: every local worker loads its split, starts from the
 algorithm's start point, runs its local steps with the algorithm's extra
@@ -10,13 +10,12 @@ workers in one process share one model and one optimizer: each worker's
 optimizer state is swapped in and out through the optimizer's
 ``state()/load()``.
 A mixin of train.trainer.Trainer (it reads the wiring the trainer sets up:
-model, opt, cons, packet, loaders, sched, faults, timeline).
+model, opt, cons, packet, exchange, control, loaders, sched, timeline).
 Tests: tests/unit/test_trainer.py (the simulator), tests/mpi/test_trainer_mpi.py.
 """
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 
@@ -25,10 +24,7 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory
-from ..errors import Diverged, WatchdogTimeout
-from . import lifecycle
-from .lifecycle import (WATCHDOG_FACTOR, WATCHDOG_FLOOR_S, WATCHDOG_GRACE_S, WORKER_STAGGER_S,
-                        Alarm, stuck_ranks, watchdog_limit, worker_limit)
+from ..errors import Diverged
 from .packet import FLAG_CKPT, FLAG_EARLY, FLAG_NONFINITE, FLAG_STOP
 
 
@@ -135,8 +131,9 @@ class BlockSteps:
             self._flag_checkpoint()
         self.control.enter("allreduce")
         t3, c3 = time.perf_counter(), time.process_time()
-        S = self._reduce_packed(work, k, None if self.local else self._flag_checkpoint)
-        t4 = self.t_reduced = time.perf_counter()   # the block's end (honest wall time)
+        S = self.exchange.reduce(work, k, None if self.local else self._flag_checkpoint,
+                                 self.ckpt_write_max_s)
+        t4 = self.exchange.t_reduced       # the block's end (honest wall time)
         self.tl.span("allreduce", t3, t4, self._lane, block=k,
                      cpu_s=round(time.process_time() - c3, 6))
         self._check_flags(k)
@@ -156,83 +153,6 @@ class BlockSteps:
             self.zbuf = self.model.buffers_from_moments(self.packet.got("buffers"),
                                                         self.n_workers)
             self.model.load_buffers(self.zbuf)
-
-    def _reduce_packed(self, work, k, last=None):
-        """The block's one Allreduce of the packed buffer; returns the
-        reduced S (P,), on the device where the state is (BlockPacket.reduce).
-        last(): see comm.allreduce_sum (a master of its own); what it sets in
-        the host tail goes up to the device buffer after it, where that is
-        what MPI reads (gpu_buffers)."""
-        pk, dev = self.packet, self.sdev
-        if last is not None and self.gpu_buffers:
-            def last(first=last):
-                first()
-                pk.push_tail(dev)
-        return pk.reduce(lambda s, r: self._reduce(s, r, work, k, last), dev,
-                         self.gpu_buffers)
-
-    def _reduce(self, send, recv, work, k, last=None):
-        """The block's Allreduce; with run.watchdog_s the master aborts a
-        block past the limit, naming the ranks that had not arrived."""
-        setting = self.cfg["run"]["watchdog_s"]
-        limit = watchdog_limit(setting, k, self.control.start_block,
-                               self.control.slowest_block_s)
-        if limit and setting == "auto":   # a block waits for the last checkpoint's write
-            limit += 2 * self.ckpt_write_max_s
-        # Workers are on the critical path (they compute right after): they
-        # poll on a short leash; the master sleeps longer (< 5% of a core),
-        # except under a per-step algorithm (ssgd), whose Allreduce follows
-        # every minibatch: a 5 ms nap there delayed each step by up to 5 ms
-        # (66 steps a pass: a third of a second per pass on the simulated
-        # cluster).
-        nap = (0.005 if self.is_master and not self.local and not self.A.per_step
-               else 0.0005)
-        if not limit or self.simulate or mpi.world_size() == 1:
-            mpi.allreduce_sum(send, recv, self.comm, work=work if self.is_master else None,
-                              sleep_max=nap, last=last)
-            return
-        if self.is_master:
-            posted = mpi.post_arrivals()
-            t0 = time.perf_counter()
-            why = (f"run.watchdog_s = {limit:g} s" if setting != "auto" else
-                   f"the watchdog's limit of {limit:.0f} s (run.watchdog_s = auto: "
-                   f"{WATCHDOG_FACTOR:g}x the slowest block so far, at least "
-                   f"{WATCHDOG_FLOOR_S:g} s)")
-
-            def watch():
-                if time.perf_counter() - t0 > limit:
-                    missing = mpi.missing_arrivals(posted)
-                    raise WatchdogTimeout(
-                        f"block {k} ran past {why}; rank(s) {missing} had not arrived "
-                        f"at the Allreduce{self._stuck_text()}")
-            # a rank stopped after it arrived blocks everyone inside the
-            # library's Allreduce, where watch() is not called: a timer thread
-            # ends the job then
-            if self.alarm is None:
-                self.alarm = Alarm()
-            self.alarm.arm(limit + WATCHDOG_GRACE_S, self._hung_in_allreduce, k, why)
-            try:
-                mpi.allreduce_sum(send, recv, self.comm, work=work, watch=watch, last=last,
-                                  sleep_max=nap)
-                mpi.wait_all([req for req, _ in posted.values()])
-            finally:
-                self.alarm.disarm()
-        else:
-            # the master's watchdog names a stuck worker; a stuck master (or
-            # a node lost under it) is the workers' to find: a timer thread,
-            # as the master's, later than the master's would fire, so where
-            # the master is alive it speaks first. Rank 1 fires first and
-            # the others a little later: one line for the job.
-            if self.alarm is None:
-                self.alarm = Alarm()
-            wait = worker_limit(limit) + (0 if self.rank == 1 else WORKER_STAGGER_S)
-            self.alarm.arm(wait, self._master_lost, k, wait)
-            try:
-                req, _buf = mpi.send_arrival(k)
-                mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap, last=last)
-                mpi.wait_all([req])
-            finally:
-                self.alarm.disarm()
 
     def _diverged(self, k, what, ranks):
         """Diverged for block k: what happened, which ranks, whether a good
@@ -263,48 +183,6 @@ class BlockSteps:
                        f"{cmd}")
         err.block, err.ranks = k, ranks
         return err
-
-    def _stuck_text(self):
-        """'; rank 2 (worker 1) is stopped' for this node's ranks /proc knows."""
-        stuck = stuck_ranks(getattr(self, "placement", None))
-        return "".join(f"; rank {r} (worker {r - 1}) is {what}" for r, what in stuck.items())
-
-    def _master_lost(self, k, waited):
-        """Worker, timer thread: block k's Allreduce has not completed in
-        `waited` seconds and the master's watchdog has not ended the job:
-        the master is stopped, hung or lost. One line (kept for `ibtmpi
-        status`), and the job is aborted (exit 1)."""
-        stuck = stuck_ranks(getattr(self, "placement", None))
-        said = (f"rank 0 (the master) is {stuck[0]}" if 0 in stuck else
-                "the master (rank 0) did not end it: stopped, hung or its node lost")
-        msg = (f"[rank {self.rank}] ibtmpi train: hung rank: block {k} waited {waited:.0f} s "
-               f"for its Allreduce; {said}"
-               + "".join(f"; rank {r} (worker {r - 1}) is {w}" for r, w in stuck.items() if r)
-               + ". The job is aborted; complete checkpoints are kept (rerun to resume); "
-                 "run.watchdog_s sets the limit (0: off)")
-        print(msg, file=sys.stderr, flush=True)
-        lifecycle.keep_error(self.cfg, self.rank, msg)
-        try:
-            mpi.abort(1)
-        finally:
-            os._exit(1)
-
-    def _hung_in_allreduce(self, k, why):
-        """Master, timer thread: every rank arrived but the block's Allreduce
-        has not completed past the limit: one line, kept for `ibtmpi
-        status`, and the job is aborted (exit 1)."""
-        stuck = self._stuck_text()
-        msg = (f"[rank 0] ibtmpi train: hung rank: block {k} ran past {why}; every rank "
-               f"had reached the Allreduce but it did not complete"
-               + (stuck or " (a rank stopped or lost inside it)")
-               + ". The job is aborted; complete checkpoints are kept (rerun to resume); "
-                 "run.watchdog_s sets the limit (0: off)")
-        print(msg, file=sys.stderr, flush=True)
-        lifecycle.keep_error(self.cfg, 0, msg)
-        try:
-            mpi.abort(1)
-        finally:
-            os._exit(1)
 
     def _my_flag_slots(self):
         return ([0] if self.is_master else []) + [1 + i for i in self.local]
@@ -395,9 +273,9 @@ class BlockSteps:
                     pk.flag(1 + i, FLAG_NONFINITE)
             self.control.enter("allreduce")
             t0, c0 = time.perf_counter(), time.process_time()
-            S = self._reduce_packed(work, k)
-            self.t_reduced = time.perf_counter()    # the last step's: the block's end
-            self.tl.span("allreduce", t0, self.t_reduced, self._lane, block=k, step=s,
+            S = self.exchange.reduce(work, k, write_s=self.ckpt_write_max_s)
+            t1 = self.exchange.t_reduced        # the last step's: the block's end
+            self.tl.span("allreduce", t0, t1, self._lane, block=k, step=s,
                          cpu_s=round(time.process_time() - c0, 6))
             self._check_flags(k)
             self._agree_buffers()

@@ -35,6 +35,7 @@ from ..model import Model
 from ..schedule import Schedule, split_size_for
 from . import lifecycle
 from ..errors import Preempted
+from .exchange import BlockExchange
 from .lifecycle import RunControl
 from .evaluation import MasterEvaluation
 from .master import MasterReports
@@ -118,13 +119,18 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         # block, phase, stop flags, the time limit (only the master watches the
         # clock; the flags carry its stop to all), planted faults
         self.control = RunControl(self.rank, r["time_limit"] if self.rank == 0 else None)
+        # the block's one Allreduce and its watchdog
+        self.exchange = BlockExchange(
+            self.packet, self.comm, self.control, rank=self.rank, is_master=self.is_master,
+            has_workers=bool(self.local), one_process=not self.dist,
+            per_step=self.A.per_step, watchdog=r["watchdog_s"],
+            state_device=self.sdev, gpu_buffers=self.gpu_buffers,
+            placement=lambda: getattr(self, "placement", None), cfg=cfg)
         self.tl = timeline.Off()         # run.timeline: this rank's trace events
         self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]
         self.pending_ckpt = None         # block whose files await confirmation
         self.ckpt_write = None           # its write in flight (checkpoint.BackgroundWrite)
         self.ckpt_write_max_s = 0.0      # the longest write so far (the watchdog allows it)
-        self.alarm = None                # master: lifecycle.Alarm over the blocking Allreduce
-        self.t_reduced = 0.0             # when this rank's last Allreduce returned
         self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
         self.reshape = None              # run.resume = reshape: the checkpoint's count, pass
         self.changed_before = []         # every resume's changes so far (the manifests')
@@ -466,7 +472,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         boundary past the workers' start of their next compute; slack the
         master's sleep in the wait for the workers; busy the rest but the
         Allreduce itself."""
-        now, st = self.t_reduced, mpi.STATS
+        now, st = self.exchange.t_reduced, mpi.STATS
         wall = now - self.t_boundary
         d = {k: st[k] - self.stats_boundary.get(k, 0.0) for k in ("wait_s", "work_s", "reduce_s")}
         slack = max(d["wait_s"] - d["work_s"], 0.0)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..monitor import eval_rank
 from ..outputs import save_model
+from .lifecycle import weakly
 
 BEST = "model-best.npz"
 
@@ -159,9 +160,11 @@ class MasterEvaluation:
         return self.carried.work()
 
     def _new_carried(self):
-        return CarriedEvaluation(
-            self._emit, self._write_manifest,
-            lambda t0, t1, k: self.tl.span("evaluation", t0, t1, 0, block=k))
+        return CarriedEvaluation(weakly(self, "_emit"), weakly(self, "_write_manifest"),
+                                 weakly(self, "_eval_span"))
+
+    def _eval_span(self, t0, t1, k):
+        self.tl.span("evaluation", t0, t1, 0, block=k)
 
     def _settle_eval(self):
         """After a block: finish the pending evaluation, unless it may be

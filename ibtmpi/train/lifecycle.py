@@ -222,6 +222,19 @@ def resolve_deadline(spec, env=None, clock=time.time):
 SECOND_PRESS_S = 1.0        # a terminal and the launcher both deliver one Ctrl-C
 
 
+def weakly(obj, name):
+    """obj.name(...) through a weak reference, for a part built with a
+    callback into the trainer: the part keeps no reference cycle with it,
+    so the trainer (and the HDF5 files its data set holds open) goes the
+    moment its last user lets it go, not at the next garbage collection."""
+    import weakref
+    ref = weakref.ref(obj)
+
+    def call(*args, **kwargs):
+        return getattr(ref(), name)(*args, **kwargs)
+    return call
+
+
 class RunControl:
     """Where this rank's job is and what may end it: the block and phase (for
     every message that names them), the stop this rank asks for (a signal,

@@ -111,9 +111,9 @@ class MasterReports:
                "peak_rss_mib": [round(float(m), 1) for m in rss]}
         if pool.any():
             rec["gpu_pool_mib"] = [round(float(m), 1) for m in pool]
-        if self.pending_change:               # the first block of a resume that changed keys
-            rec["config_changed"] = self.pending_change
-            self.pending_change = None
+        note = self._take_change_note()       # the first block of a resume that changed keys
+        if note:
+            rec["config_changed"] = note
         return rec
 
     def _report_block(self, k, p, b, rec, last):

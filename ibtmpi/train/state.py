@@ -22,8 +22,8 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from .. import comm as mpi
-from ..config import (ConfigError, change_text, config_changes, config_diff, hashed_config,
-                      legacy_hashes, tunable)
+from ..config import (ConfigError, change_text, config_changes, config_diff, digest,
+                      hashed_config, legacy_hashes, run_hash, tunable)
 from ..errors import agreed
 from .packet import FLAG_CKPT
 
@@ -32,7 +32,69 @@ from .packet import FLAG_CKPT
 RESHAPE_MAY_CHANGE = ("data.batch",)
 
 
+class CheckpointWrites:
+    """This rank's checkpoint files in flight: each written by a thread
+    (checkpoint.BackgroundWrite) while the next block computes, joined
+    before that block's flags say whether the file is complete, and
+    settled when every rank's flag has said so (the master then writes the
+    manifest). A write's error (a full disk) is raised at the join as the
+    checkpoint's, with its block and phase on the RunControl."""
+
+    def __init__(self, run_dir, rank, control):
+        self.run_dir, self.rank, self.control = run_dir, rank, control
+        self.write = None                # the write in flight
+        self.pending = None              # the block whose file awaits confirmation
+        self.max_s = 0.0                 # the longest write so far (the watchdog allows it)
+
+    def start(self, k, arrays):
+        """Write block k's file from `arrays` (copies the caller no longer
+        changes); join() the previous write first."""
+        self.write = ckpt.BackgroundWrite(self.run_dir, k, self.rank, arrays)
+        self.pending = k
+
+    def join(self):
+        w, self.write = self.write, None
+        if w is None:
+            return
+        try:
+            w.join()
+        except BaseException:
+            self.control.at("checkpoint", w.block)
+            raise
+        self.max_s = max(self.max_s, w.seconds)
+        self.control.checkpoint_took(w.seconds)   # the time limit keeps room for it
+
+    def settle(self, every_rank_wrote):
+        """The flags came back: the block to confirm (every rank wrote its
+        file), or None; nothing is pending afterwards."""
+        k, self.pending = self.pending, None
+        return k if every_rank_wrote else None
+
+
 class CheckpointState:
+    def _identities(self, cfg):
+        """What a checkpoint's manifest names: the configuration's digest,
+        the data's (dataset.json, wherever it lives; on the master also what
+        the shards hold, sampled rows, which a resume checks) and whose
+        checkpoints these are (the run id: the master's, a fresh one or the
+        resumed run's, sent with the resume candidates; every rank file
+        carries it). And the resume's record, before any resume."""
+        self.cfg_hash = run_hash(cfg)
+        self.data_fp = digest(self.ds.meta)
+        self.data_content = self.ds.content_digest() if self.is_master else None
+        self.run_id = ckpt.new_run_id() if self.is_master else None
+        self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
+        self.reshape = None              # run.resume = reshape: the checkpoint's count, pass
+        self.changed_before = []         # every resume's changes so far (the manifests')
+        self.pending_change = None       # their text, for the first block's metrics line
+        self.init_note = ""              # model.init: where the start came from
+
+    def _take_change_note(self):
+        """The text of the settings this resume changed, once: for the
+        first block's metrics line (None after, or without a change)."""
+        note, self.pending_change = self.pending_change, None
+        return note
+
     def _state_spec(self):
         """{name: (shape, dtype)} of this rank's checkpoint arrays."""
         spec = {}
@@ -76,28 +138,13 @@ class CheckpointState:
                                     "it)", "all")
         self.control.faults.disk_full(self.rank, k, os.path.join(   # injected full disk (tests)
             ckpt.ckpt_dir(self.run_dir, k), ckpt.rank_file(self.rank)))
-        self._checkpoint_join()          # the previous one's write, if still going
+        self.writes.join()               # the previous one's write, if still going
         # copies now (the state moves on with the next block), written by a
         # thread while the next block computes; joined before that block's
         # flags say whether this rank's file is complete
         arrays = {name: np.array(a, copy=True) for name, a in self._state_arrays().items()}
         arrays["stamp"] = np.array(ckpt.stamp(self.run_id, k))   # whose file this is
-        self.ckpt_write = ckpt.BackgroundWrite(self.run_dir, k, self.rank, arrays)
-        self.pending_ckpt, self.pending_ok = k, True
-
-    def _checkpoint_join(self):
-        """Wait for the checkpoint write in flight; its error (a full disk)
-        is raised here as the checkpoint's, with its block and phase."""
-        w, self.ckpt_write = getattr(self, "ckpt_write", None), None
-        if w is None:
-            return
-        try:
-            w.join()
-        except BaseException:
-            self.control.at("checkpoint", w.block)
-            raise
-        self.ckpt_write_max_s = max(self.ckpt_write_max_s, w.seconds)
-        self.control.checkpoint_took(w.seconds)   # the time limit keeps room for it
+        self.writes.start(k, arrays)
 
     def _manifest(self, k):
         """Confirm checkpoint k: its manifest, once every metrics line up to
@@ -122,19 +169,19 @@ class CheckpointState:
     def _final_sync(self):
         """One small collective after the run's last checkpoint, so the
         master writes its manifest only when every rank has its file."""
-        self._checkpoint_join()
-        if self.pending_ckpt is None:
+        self.writes.join()
+        if self.writes.pending is None:
             return
         n = self.packet.size - self.packet.flags0
         send = np.zeros(n, np.float32)
         recv = np.zeros(n, np.float32)
         mine = ([0] if self.is_master else []) + [1 + i for i in self.local]
         for j in mine:
-            send[j] = FLAG_CKPT if self.pending_ok else 0
+            send[j] = FLAG_CKPT
         mpi.allreduce_sum(send, recv, self.comm, count=False)
-        if (recv.astype(np.int64) & FLAG_CKPT).all() and self.is_master:
-            self._manifest(self.pending_ckpt)
-        self.pending_ckpt = None
+        k = self.writes.settle((recv.astype(np.int64) & FLAG_CKPT).all())
+        if k is not None and self.is_master:
+            self._manifest(k)
 
     def _resume_candidates(self):
         """Complete checkpoints to resume from, newest first ([]: start

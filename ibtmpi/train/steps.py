@@ -132,7 +132,7 @@ class BlockSteps:
         self.control.enter("allreduce")
         t3, c3 = time.perf_counter(), time.process_time()
         S = self.exchange.reduce(work, k, None if self.local else self._flag_checkpoint,
-                                 self.ckpt_write_max_s)
+                                 self.writes.max_s)
         t4 = self.exchange.t_reduced       # the block's end (honest wall time)
         self.tl.span("allreduce", t3, t4, self._lane, block=k,
                      cpu_s=round(time.process_time() - c3, 6))
@@ -191,13 +191,13 @@ class BlockSteps:
         """This rank's flag slots for the coming Allreduce; ckpt=False leaves
         the checkpoint's bit to _flag_checkpoint, after the compute."""
         if ckpt:
-            self._checkpoint_join()      # is the last checkpoint's file complete?
+            self.writes.join()           # is the last checkpoint's file complete?
         fl = self.packet.out("flags")
         for j in self._my_flag_slots():
             v = 0
             if self.control.stop_requested:
                 v |= FLAG_STOP
-            if ckpt and self.pending_ckpt is not None and self.pending_ok:
+            if ckpt and self.writes.pending is not None:
                 v |= FLAG_CKPT
             early = self.evals.early      # the master's decision (None elsewhere)
             if early is not None and self.control.block >= early[0]:
@@ -207,8 +207,8 @@ class BlockSteps:
     def _flag_checkpoint(self):
         """Right before the block's Allreduce: wait for the last checkpoint's
         write (it ran while this block computed) and say it is complete."""
-        self._checkpoint_join()
-        if self.pending_ckpt is not None and self.pending_ok:
+        self.writes.join()
+        if self.writes.pending is not None:
             fl = self.packet.out("flags")
             for j in self._my_flag_slots():
                 fl[j] += FLAG_CKPT
@@ -216,10 +216,10 @@ class BlockSteps:
     def _check_flags(self, k):
         f = self.packet.rflags()
         # confirm the previous checkpoint first: it was good when written
-        if self.pending_ckpt is not None:
-            if (f & FLAG_CKPT).all() and self.is_master:
-                self._manifest(self.pending_ckpt)
-            self.pending_ckpt = None
+        if self.writes.pending is not None:
+            done = self.writes.settle((f & FLAG_CKPT).all())
+            if done is not None and self.is_master:
+                self._manifest(done)
         bad = [j - 1 for j in range(1, len(f)) if f[j] & FLAG_NONFINITE]
         if bad:
             ranks = [b + 1 for b in bad] if (mpi.world_size() > 1 and not self.simulate) else [0]
@@ -273,7 +273,7 @@ class BlockSteps:
                     pk.flag(1 + i, FLAG_NONFINITE)
             self.control.enter("allreduce")
             t0, c0 = time.perf_counter(), time.process_time()
-            S = self.exchange.reduce(work, k, write_s=self.ckpt_write_max_s)
+            S = self.exchange.reduce(work, k, write_s=self.writes.max_s)
             t1 = self.exchange.t_reduced        # the last step's: the block's end
             self.tl.span("allreduce", t0, t1, self._lane, block=k, step=s,
                          cpu_s=round(time.process_time() - c0, 6))

@@ -27,7 +27,7 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import consensus, optim, recipe, runlock, timeline
-from ..config import ConfigError, digest, run_hash
+from ..config import ConfigError
 from ..data import input_norm
 from ..dataset import Dataset
 from ..loader import WorkerData
@@ -36,11 +36,11 @@ from ..schedule import Schedule, split_size_for
 from . import lifecycle
 from ..errors import Preempted
 from .exchange import BlockExchange
+from .state import CheckpointState, CheckpointWrites
 from .lifecycle import RunControl
 from .evaluation import MasterEvaluation
 from .master import MasterReports
 from .packet import BlockPacket
-from .state import CheckpointState
 from .steps import BlockSteps
 
 
@@ -119,38 +119,18 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         # block, phase, stop flags, the time limit (only the master watches the
         # clock; the flags carry its stop to all), planted faults
         self.control = RunControl(self.rank, r["time_limit"] if self.rank == 0 else None)
+        self.writes = CheckpointWrites(r["dir"], self.rank, self.control)
         # the block's one Allreduce and its watchdog
         self.exchange = BlockExchange(
             self.packet, self.comm, self.control, rank=self.rank, is_master=self.is_master,
             has_workers=bool(self.local), one_process=not self.dist,
             per_step=self.A.per_step, watchdog=r["watchdog_s"],
             state_device=self.sdev, gpu_buffers=self.gpu_buffers,
-            placement=lambda: getattr(self, "placement", None), cfg=cfg)
+            placement=lifecycle.weakly(self, "_placement_rows"), cfg=cfg)
         self.tl = timeline.Off()         # run.timeline: this rank's trace events
         self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]
-        self.pending_ckpt = None         # block whose files await confirmation
-        self.ckpt_write = None           # its write in flight (checkpoint.BackgroundWrite)
-        self.ckpt_write_max_s = 0.0      # the longest write so far (the watchdog allows it)
-        self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
-        self.reshape = None              # run.resume = reshape: the checkpoint's count, pass
-        self.changed_before = []         # every resume's changes so far (the manifests')
-        self.pending_change = None       # their text, for the first block's metrics line
-        self.pending_ok = False
-        self.init_note = ""              # model.init: where the start came from
         self.run_dir = r["dir"]
-        self._identities(cfg)
-
-    def _identities(self, cfg):
-        """What a checkpoint's manifest names: the configuration's digest,
-        the data's (dataset.json, wherever it lives; on the master also what
-        the shards hold, sampled rows, which a resume checks) and whose
-        checkpoints these are (the run id: the master's, a fresh one or the
-        resumed run's, sent with the resume candidates; every rank file
-        carries it)."""
-        self.cfg_hash = run_hash(cfg)
-        self.data_fp = digest(self.ds.meta)
-        self.data_content = self.ds.content_digest() if self.is_master else None
-        self.run_id = ckpt.new_run_id() if self.is_master else None
+        self._identities(cfg)            # and what a resume finds (state.py)
 
     def _roles(self, simulate):
         """Who this process is: n_workers, its local workers, master or not."""
@@ -316,6 +296,10 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                 f"the same ibtmpi and numpy (one environment on a shared file system), "
                 f"read the same configuration and the same data")
         return rows
+
+    def _placement_rows(self):
+        """Every rank's placement row, once the start-up allgather gave them."""
+        return getattr(self, "placement", None)
 
     def sharing(self):
         """Worker processes on this rank's GPU (on the CPU: its node), itself

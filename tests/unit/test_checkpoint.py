@@ -266,3 +266,29 @@ def test_a_failed_write_leaves_no_partial_file_and_names_the_file(tmp_path, monk
     assert e.value.errno == errno.ENOSPC
     assert e.value.filename.endswith("ckpt-00000003/rank-00001.npz")
     assert os.listdir(ckpt.ckpt_dir(str(tmp_path), 3)) == []
+
+
+def test_checkpoint_writes_alone_join_settle_and_name_a_failed_block(tmp_path):
+    """CheckpointWrites with no trainer: a file written in the background,
+    joined (its time kept for the watchdog and the time limit), settled by
+    the flags; a failed write is raised at the join as its own block's."""
+    from ibtmpi.train.lifecycle import RunControl
+    from ibtmpi.train.state import CheckpointWrites
+    ctl = RunControl(0, time_limit="2h")
+    w = CheckpointWrites(str(tmp_path), 0, ctl)
+    w.start(3, {"z": np.arange(4, dtype=np.float32)})
+    w.join()
+    assert w.pending == 3 and w.max_s > 0 and ctl.deadline.ckpt_s == w.max_s
+    assert os.path.exists(os.path.join(ckpt.ckpt_dir(str(tmp_path), 3), ckpt.rank_file(0)))
+    assert w.settle(every_rank_wrote=False) is None and w.pending is None
+    w.start(4, {"z": np.zeros(2, np.float32)})
+    assert w.settle(every_rank_wrote=True) == 4
+    w.join()
+    blocked = tmp_path / "file"                   # a file where the directory must go
+    blocked.write_text("")
+    bad = CheckpointWrites(str(blocked), 0, ctl)
+    ctl.at("compute", 9)
+    bad.start(5, {"z": np.zeros(2, np.float32)})
+    with pytest.raises(OSError):
+        bad.join()
+    assert (ctl.block, ctl.phase) == (5, "checkpoint")

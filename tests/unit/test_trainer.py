@@ -249,3 +249,23 @@ def test_ssgd_divergence_is_reported_not_a_crash(small_dataset, tmp_path):
                     f"run.dir={tmp_path / 'r'}", "run.threads=1", "data.split_size=40"])
     with pytest.raises(Diverged, match=r"Lower optim.lr \(now 1e\+06\): a resume"):
         Trainer(c, log=lambda m: None).run()
+
+
+def test_a_finished_trainer_goes_with_its_last_reference(small_dataset, tmp_path):
+    """The parts built with callbacks into the trainer hold it weakly: no
+    reference cycle keeps it (and its data set's open HDF5 files) alive
+    until the next garbage collection, so a run's shards can be changed
+    the moment it returns."""
+    import gc
+    import weakref
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        t = Trainer(cfg_for(small_dataset, tmp_path / "r", "ibt", n=2), log=lambda m: None)
+        t.run()
+        ref = weakref.ref(t)
+        del t
+        assert ref() is None
+    finally:
+        if was:
+            gc.enable()

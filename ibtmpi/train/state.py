@@ -371,9 +371,8 @@ class CheckpointState:
         if want is not None:
             ckpt.check_stamp(path, want)
         if self.packet.B:
-            self.zbuf = ckpt.read_rank(path, {"zbuf": ((self.packet.B,), np.float32)}
-                                       )["zbuf"].copy()
-            self.model.load_buffers(self.zbuf)
+            self.sync.set_buffers(ckpt.read_rank(path, {"zbuf": ((self.packet.B,), np.float32)}
+                                                 )["zbuf"].copy(), self.model)
         if self.A.per_step:                 # ssgd: the model and its optimizer are
             spec = {"params": ((self.P,), np.float32)}     # the same on every rank
             spec.update({f"opt_{k_}": v for k_, v in self.opt.state_spec().items()})
@@ -416,13 +415,11 @@ class CheckpointState:
                 f"from the same z"))
         z = t.model.params                 # float32 on the host (load_trained)
         self.model.params[...] = self._dev(z)
-        self.zbuf = np.array(t.model.buffers, np.float32)
-        self.model.load_buffers(self.zbuf)
+        self.sync.set_buffers(np.array(t.model.buffers, np.float32), self.model)
         if self.A.per_step:
             self.z[...] = z
         else:
-            self.cons = self._new_consensus()
-            self.z = self.cons.z
+            self.sync.restart(self._new_consensus())
         notes = []
         if t.classes != list(self.ds.classes):
             notes.append(f"its classes {t.classes} are this data's {list(self.ds.classes)} "
@@ -494,9 +491,8 @@ class CheckpointState:
         mine = ckpt.read_rank(os.path.join(where, ckpt.rank_file(self.rank)),
                               self._state_spec())
         if self.packet.B:                             # every rank: the master's copy
-            self.zbuf = ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)), {
-                "zbuf": ((self.packet.B,), np.float32)})["zbuf"].copy()
-            self.model.load_buffers(self.zbuf)
+            self.sync.set_buffers(ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)), {
+                "zbuf": ((self.packet.B,), np.float32)})["zbuf"].copy(), self.model)
         opt_keys = list(self.opt.state_spec())
         if self.A.per_step:
             self.model.params[...] = self._dev(mine["params"])

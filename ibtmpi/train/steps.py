@@ -150,9 +150,8 @@ class BlockSteps:
         workers' summed moments (Model.buffers_from_moments), bitwise the
         same on every rank and in the simulation."""
         if self.packet.B:
-            self.zbuf = self.model.buffers_from_moments(self.packet.got("buffers"),
-                                                        self.n_workers)
-            self.model.load_buffers(self.zbuf)
+            self.sync.set_buffers(self.model.buffers_from_moments(
+                self.packet.got("buffers"), self.n_workers), self.model)
 
     def _diverged(self, k, what, ranks):
         """Diverged for block k: what happened, which ranks, whether a good
@@ -307,6 +306,5 @@ class BlockSteps:
             self._agree_buffers()
             self.opt.step(self._dev(pk.recv[:P] * np.float32(1.0 / n)))
         self.opt.reset()
-        self.cons = self._new_consensus()
-        self.z = self.cons.z
+        self.sync.restart(self._new_consensus())
         self.log(f"warm-up: {steps} gradient-allreduce steps before block 0")

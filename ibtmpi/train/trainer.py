@@ -44,6 +44,26 @@ from .packet import BlockPacket
 from .steps import BlockSteps
 
 
+class ConsensusState:
+    """What every rank holds alike between blocks: the algorithm's consensus
+    object (None under ssgd), the consensus model z (its z, or ssgd's own
+    host copy of the model) and the agreed buffers (BatchNorm's running
+    statistics, host float32). The consensus restarts whole (warm-up,
+    model.init); the buffers change after every Allreduce and on a resume."""
+
+    def __init__(self, cons, z, zbuf):
+        self.cons, self.z, self.zbuf = cons, z, zbuf
+
+    def restart(self, cons):
+        """A new consensus object: z is its z from now on."""
+        self.cons, self.z = cons, cons.z
+
+    def set_buffers(self, zbuf, model):
+        """The agreed buffers, loaded into `model` at once."""
+        self.zbuf = zbuf
+        model.load_buffers(zbuf)
+
+
 class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
     def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False, master_ops=None):
         """device_ops: a backend.GpuOps for the workers' compute (the master,
@@ -113,8 +133,6 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.model.set_input_norm(self.norm_mean, self.norm_std)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
         self.lr_at = optim.LrSchedule(cfg["optim"], self.sched.blocks_per_pass, r["passes"])
-        self.z = (np.array(self._host(self.model.params)) if self.A.per_step
-                  else self.cons.z)
         self._master_setup()
         # block, phase, stop flags, the time limit (only the master watches the
         # clock; the flags carry its stop to all), planted faults
@@ -183,20 +201,34 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         # host image of a worker's w, where its consensus state is on the host
         self._w_host = (host_empty(P) if self.dev is not None and not self.device_state
                         else None)
-        self.cons = None if self.A.per_step else self._new_consensus()
+        cons = None if self.A.per_step else self._new_consensus()
         zeros = self.sdev.cp.zeros if self.device_state else np.zeros
-        self.states = ({} if self.cons is None else
-                       {i: self.cons.new_worker(P, self.model.dtype, zeros)
-                        for i in self.local})
+        self.states = ({} if cons is None else
+                       {i: cons.new_worker(P, self.model.dtype, zeros) for i in self.local})
         # each local worker's optimizer state between its blocks (host)
         self.opt_states = {i: {k: np.zeros(s, dt) for k, (s, dt) in
                                self.opt.state_spec().items()} for i in self.local}
         self.packet = BlockPacket(P, self.n_workers, host_empty,
                                   zeros if self.device_state else None,
                                   B=self.model.n_buffers)
-        # the buffers every rank agrees on (BatchNorm's running statistics,
-        # averaged by the block's Allreduce): host float32 (B,)
-        self.zbuf = np.array(self._host(self.model.buffers), np.float32)
+        # z, and the buffers every rank agrees on (BatchNorm's running
+        # statistics, averaged by the block's Allreduce): host float32 (B,)
+        z = np.array(self._host(self.model.params)) if cons is None else cons.z
+        self.sync = ConsensusState(cons, z, np.array(self._host(self.model.buffers),
+                                                     np.float32))
+
+    @property
+    def z(self):
+        """The consensus model (P,): the run's result."""
+        return self.sync.z
+
+    @property
+    def cons(self):
+        return self.sync.cons
+
+    @property
+    def zbuf(self):
+        return self.sync.zbuf
 
     def _state_device(self, master_ops):
         """The GpuOps whose GPU holds this rank's consensus state, or None

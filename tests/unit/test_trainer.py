@@ -269,3 +269,20 @@ def test_a_finished_trainer_goes_with_its_last_reference(small_dataset, tmp_path
     finally:
         if was:
             gc.enable()
+
+
+def test_the_consensus_state_alone_restarts_whole_and_loads_its_buffers():
+    """ConsensusState with no trainer: a restart makes the new consensus's
+    z the state's; agreed buffers are loaded into the model at once."""
+    from ibtmpi import consensus
+    from ibtmpi.model import Model
+    from ibtmpi.train.trainer import ConsensusState
+    m = Model("resnet8", (3, 8, 8), 3, seed=0)
+    old = consensus.Consensus("ibt", np.zeros(4, np.float32), 2, {})
+    s = ConsensusState(old, old.z, np.zeros(m.n_buffers, np.float32))
+    new = consensus.Consensus("ibt", np.ones(4, np.float32), 2, {})
+    s.restart(new)
+    assert s.cons is new and s.z is new.z and s.z[0] == 1.0
+    agreed = np.arange(m.n_buffers, dtype=np.float32)
+    s.set_buffers(agreed, m)
+    assert s.zbuf is agreed and np.array_equal(m.buffers, agreed)

@@ -244,7 +244,7 @@ class GpuOps:
 
     # -- pool, relu -----------------------------------------------------------
     def maxpool_forward(self, x, k=2, stride=2, out=None, argmax=None, ws=None,
-                        bias=None, relu=False):
+                        bias=None, relu=False, pad=0):
         """x NCHW, or a conv's output (an NCHW view of a (C, N, H, W)
         buffer, ops.is_cnhw), which the kernel reads where it lies. Fused
         (layers.fuse_for_device): `bias` (C,) is the conv's bias, left out
@@ -254,18 +254,18 @@ class GpuOps:
         cnhw = is_cnhw(x)
         base = x.transpose(1, 0, 2, 3) if cnhw else cp.ascontiguousarray(x)
         n, c, h, w = x.shape
-        ho, wo = conv_out_size(h, k, stride, 0), conv_out_size(w, k, stride, 0)
+        ho, wo = conv_out_size(h, k, stride, pad), conv_out_size(w, k, stride, pad)
         y = cp.empty((n, c, ho, wo), x.dtype)
         am = cp.empty((n, c, ho, wo), cp.uint8)
         self._launch("pool.cu", "maxpool_fwd", y.size, base, y, am,
                      y if bias is None else cp.ascontiguousarray(bias), np.int32(n),
                      np.int32(c), np.int32(h), np.int32(w), np.int32(k),
                      np.int32(stride), np.int32(ho), np.int32(wo), np.int32(cnhw),
-                     np.int32(bias is not None), np.int32(bool(relu)))
+                     np.int32(bias is not None), np.int32(bool(relu)), np.int32(pad))
         return self._into(y, out), self._into(am, argmax)
 
     def maxpool_backward(self, dy, argmax, x_shape, k=2, stride=2, out=None, ws=None,
-                         y=None):
+                         y=None, pad=0):
         """Into `out` where it lies (_grad_target; the layer passes the layout
         a conv's backward reads, see empty4). With `y` (the fused forward's
         output after its ReLU) the ReLU's backward is applied too: dy passes
@@ -278,7 +278,8 @@ class GpuOps:
         self._launch("pool.cu", "maxpool_bwd", dx.size, dy, cp.ascontiguousarray(argmax),
                      dx, dy if y is None else cp.ascontiguousarray(y), np.int32(n),
                      np.int32(c), np.int32(h), np.int32(w), np.int32(k), np.int32(stride),
-                     np.int32(ho), np.int32(wo), np.int32(cnhw), np.int32(y is not None))
+                     np.int32(ho), np.int32(wo), np.int32(cnhw), np.int32(y is not None),
+                     np.int32(pad))
         return out if cnhw else self._into(dx, out)
 
     def _grad_target(self, out, shape, dtype):

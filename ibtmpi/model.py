@@ -17,7 +17,8 @@ tests/unit/test_layer_registry.py (a plug-in layer and its buffers).
 
 Layer specs (config ``model.layers``) are dicts or bare names:
 ``{type="conv", out=32, k=3, stride=1, pad=1}``, ``"relu"``,
-``{type="maxpool", k=2, stride=2}``, ``{type="avgpool", k=2, stride=2}``,
+``{type="maxpool", k=2, stride=2}`` (``pad=1`` with ``k=3, stride=2``:
+torchvision's stem pool), ``{type="avgpool", k=2, stride=2}``,
 ``"flatten"``, ``{type="linear", out=256}`` (``out`` omitted = number of classes),
 ``{type="dropout", p=0.5}``, ``{type="batchnorm", momentum=0.1, eps=1e-5}``,
 ``{type="residual", out=64, stride=2}`` (a basic block), ``"gap"``

@@ -1,5 +1,8 @@
 // Max-pool over k x k windows with stride s, no padding.
 // NumPy twins: ibtmpi/ops/pool.py maxpool_forward / maxpool_backward.
+// pad: cells of padding around x that never win a window (torchvision's
+// stem pool: k 3, stride 2, pad 1); argmax counts offsets in the padded
+// window, as the twin's.
 // y, dy and argmax (N, C, Ho, Wo) are NCHW contiguous; x (forward) and dx
 // (backward) are NCHW contiguous when cnhw == 0, and physically (C, N, H, W)
 // when cnhw == 1: the layout a conv's GEMM produces and its backward GEMM
@@ -60,22 +63,31 @@ extern "C" __global__ void maxpool_fwd(const float* __restrict__ x, float* __res
                                        unsigned char* __restrict__ argmax,
                                        const float* __restrict__ bias,
                                        int N, int C, int H, int W, int k, int stride,
-                                       int Ho, int Wo, int cnhw, int has_bias, int relu)
+                                       int Ho, int Wo, int cnhw, int has_bias, int relu,
+                                       int pad)
 {
     const long long total = (long long)N * C * Ho * Wo;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)blockDim.x * gridDim.x) {           // idx over y: NCHW
-        long long nc;
-        const float* base = window_start(x, idx, N, C, H, W, stride, Ho, Wo, cnhw, nc);
+        const int wo = (int)(idx % Wo);
+        const int ho = (int)((idx / Wo) % Ho);
+        const long long nc = idx / ((long long)Wo * Ho);
+        const float* plane = x + plane_offset(nc / C, nc % C, N, C, (long long)H * W, cnhw);
+        const int h0 = ho * stride - pad, w0 = wo * stride - pad;   // the padded window
         const float b = has_bias ? bias[nc % C] : 0.0f;
-        float best = has_bias ? base[0] + b : base[0];
-        int arg = 0;
-        for (int i = 0; i < k; ++i)
+        float best = 0.0f;
+        int arg = -1;              // the first real cell starts the scan: padding never wins
+        for (int i = 0; i < k; ++i) {
+            const int h = h0 + i;
+            if (h < 0 || h >= H) continue;
             for (int j = 0; j < k; ++j) {
-                float v = base[(long long)i * W + j];
+                const int w = w0 + j;
+                if (w < 0 || w >= W) continue;
+                float v = plane[(long long)h * W + w];
                 if (has_bias) v += b;
-                if (v > best) { best = v; arg = i * k + j; }
+                if (arg < 0 || v > best) { best = v; arg = i * k + j; }
             }
+        }
         y[idx] = relu ? (best > 0.0f ? best : 0.0f) : best;
         argmax[idx] = (unsigned char)arg;
     }
@@ -90,12 +102,23 @@ extern "C" __global__ void maxpool_bwd(const float* __restrict__ dy,
                                        float* __restrict__ dx,
                                        const float* __restrict__ y,
                                        int N, int C, int H, int W, int k, int stride,
-                                       int Ho, int Wo, int cnhw, int relu)
+                                       int Ho, int Wo, int cnhw, int relu, int pad)
 {
     const long long total = (long long)N * C * H * W;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (long long)blockDim.x * gridDim.x) {
-        const PoolCell p = pool_cell(idx, N, C, H, W, k, stride, Ho, Wo, cnhw);
+        // the cell in the padded frame (H + 2 pad, W + 2 pad), whose windows
+        // are those of an unpadded pool over it
+        PoolCell p = pool_cell(idx, N, C, H, W, k, stride, Ho, Wo, cnhw);
+        if (pad) {
+            const int hp = p.h + pad, wp = p.w + pad;
+            p.ho_lo = hp - k + 1 > 0 ? (hp - k + 1 + stride - 1) / stride : 0;
+            p.wo_lo = wp - k + 1 > 0 ? (wp - k + 1 + stride - 1) / stride : 0;
+            p.ho_hi = min(hp / stride, Ho - 1);
+            p.wo_hi = min(wp / stride, Wo - 1);
+            p.h = hp;
+            p.w = wp;
+        }
         float acc = 0.0f;
         for (int ho = p.ho_lo; ho <= p.ho_hi; ++ho)
             for (int wo = p.wo_lo; wo <= p.wo_hi; ++wo) {

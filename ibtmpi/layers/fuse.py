@@ -36,7 +36,7 @@ def plan_phase_out(layers, shapes):
     first = next((l for l in layers if l.param_shapes()), None)
     for layer, nxt, out in zip(layers, layers[1:], shapes[1:]):
         if (isinstance(layer, Conv2d) and isinstance(nxt, MaxPool2d)
-                and nxt.k == 2 and nxt.stride == 2
+                and nxt.k == 2 and nxt.stride == 2 and not nxt.pad
                 and out[1] % 2 == 0 and out[2] % 2 == 0):
             layer.phase_out = "quads" if layer is first else "rows"
 

@@ -47,13 +47,42 @@ class _WindowPool(Layer):
 
 @register
 class MaxPool2d(_WindowPool):
+    """``pad`` cells of padding that never win (torchvision's stem pool:
+    ``{type="maxpool", k=3, stride=2, pad=1}``); pad < k."""
+
     kind = "maxpool"
     onnx_op = "MaxPool"
+    keys = {"k": 2, "stride": None, "pad": 0}
 
-    def __init__(self, k=2, stride=None):
+    def __init__(self, k=2, stride=None, pad=0):
         super().__init__(k, stride)
+        if not 0 <= pad < k:
+            raise ValueError(f"maxpool pad must be in [0, k), got pad {pad} for k {k}")
+        self.pad = pad
         self.bias = None        # fuse_for_device: the conv's bias, added here
         self.relu = False       # fuse_for_device: the ReLU that follows, applied here
+
+    @classmethod
+    def from_spec(cls, entry, in_shape, n_classes, idx):
+        v = cls.spec_values(entry, idx)
+        stride = None if v["stride"] is None else int(v["stride"])
+        try:
+            return [cls(int(v["k"]), stride, int(v["pad"]))]
+        except ValueError as e:
+            raise ValueError(f"model.layers[{idx}] (maxpool): {e}") from None
+
+    def out_shape(self, in_shape):
+        c, h, w = in_shape
+        return (c, ops.conv_out_size(h, self.k, self.stride, self.pad),
+                ops.conv_out_size(w, self.k, self.stride, self.pad))
+
+    def onnx(self, inp, out, i, helper, numpy_helper):
+        pads = {"pads": [self.pad] * 4} if self.pad else {}
+        return [helper.make_node(self.onnx_op, [inp], [out], kernel_shape=[self.k, self.k],
+                                 strides=[self.stride] * 2, **pads)], []
+
+    def describe(self):
+        return super().describe()[:-1] + (f", pad {self.pad})" if self.pad else ")")
 
     def forward(self, x, train):
         self.phase = x.ndim          # 5, 6: a conv's phase array (host only)
@@ -67,6 +96,8 @@ class MaxPool2d(_WindowPool):
         self.x_cnhw = ops.is_cnhw(x)
         fused = {} if self.bias is None and not self.relu else \
             {"bias": self.bias, "relu": self.relu}             # GPU only
+        if self.pad:
+            fused["pad"] = self.pad
         y, self.argmax = self.ops.maxpool_forward(x, self.k, self.stride, ws=self.ws,
                                                   **fused)
         self.y = y if self.relu else None
@@ -82,6 +113,8 @@ class MaxPool2d(_WindowPool):
         # reads dx without a transpose copy.
         out = self._scratch("dx", self.x_shape, dy.dtype, self.x_cnhw)
         fused = {"y": self.y} if self.relu else {}
+        if self.pad:
+            fused["pad"] = self.pad
         return self.ops.maxpool_backward(dy, self.argmax, self.x_shape, self.k,
                                          self.stride, out=out, **fused)
 

@@ -1,6 +1,7 @@
 """NumPy reference of the pools (kernels/pool.cu): ``maxpool_forward`` /
-``maxpool_backward`` over k x k windows with stride s and no padding
-(argmax = the first maximum's window offset, ties to the lowest), the
+``maxpool_backward`` over k x k windows with stride s and `pad` cells of
+padding that never win (torchvision's stem: k 3, stride 2, pad 1; argmax =
+the first maximum's offset in the padded window, ties to the lowest), the
 host-only 2x2/stride-2 variants that read a conv's pooling-phase array
 (``maxpool2_rows_*``, ``maxpool2_quads_*``; see ops/conv.py im2col), the
 average pool ``avgpool_forward`` / ``avgpool_backward`` over the same
@@ -15,23 +16,38 @@ import numpy as np
 from .common import _buf, _buf4, conv_out_size, is_cnhw
 
 
-def maxpool_forward(x, k=2, stride=2, out=None, argmax=None, ws=None):
-    """y (N, C, Ho, Wo) = max over k x k windows of x (N, C, H, W), no padding.
+def _padded(x, pad, ws):
+    """x (N, C, H, W) inside a -inf border of `pad` cells (NCHW): padding
+    never wins a window, as in PyTorch's MaxPool2d."""
+    n, c, h, w = x.shape
+    xp = _buf(ws, "xpad", (n, c, h + 2 * pad, w + 2 * pad), x.dtype)
+    xp.fill(-np.inf)
+    xp[:, :, pad:pad + h, pad:pad + w] = x
+    return xp
 
-    argmax (N, C, Ho, Wo) uint8 holds the window offset i*k + j of the
-    first maximum in row-major scan order (ties go to the lowest offset);
-    k*k <= 256.
+
+def maxpool_forward(x, k=2, stride=2, out=None, argmax=None, ws=None, pad=0):
+    """y (N, C, Ho, Wo) = max over k x k windows of x (N, C, H, W) with `pad`
+    cells of -inf around it (pad < k, so every window holds a real cell).
+
+    argmax (N, C, Ho, Wo) uint8 holds the offset i*k + j in the padded
+    window of the first maximum in row-major scan order (ties go to the
+    lowest offset); k*k <= 256.
     """
     n, c, h, w = x.shape
     if k * k > 256:
         raise ValueError(f"max-pool window {k}x{k} is too large (k*k <= 256)")
-    ho = conv_out_size(h, k, stride, 0)
-    wo = conv_out_size(w, k, stride, 0)
+    if not 0 <= pad < k:
+        raise ValueError(f"max-pool padding {pad} must be in [0, k) for k = {k}")
+    ho = conv_out_size(h, k, stride, pad)
+    wo = conv_out_size(w, k, stride, pad)
     cnhw = is_cnhw(x)         # outputs keep the input's physical layout
     if out is None:
         out = _buf4(ws, "y", (n, c, ho, wo), x.dtype, cnhw)
     if argmax is None:
         argmax = _buf4(ws, "argmax", (n, c, ho, wo), np.uint8, cnhw)
+    if pad:
+        x = _padded(x, pad, ws)
     span_h = stride * (ho - 1) + 1
     span_w = stride * (wo - 1) + 1
 
@@ -71,8 +87,18 @@ def maxpool_forward(x, k=2, stride=2, out=None, argmax=None, ws=None):
     return out, argmax
 
 
-def maxpool_backward(dy, argmax, x_shape, k=2, stride=2, out=None, ws=None):
-    """dx (N, C, H, W): dy routed to the argmax position of each window."""
+def maxpool_backward(dy, argmax, x_shape, k=2, stride=2, out=None, ws=None, pad=0):
+    """dx (N, C, H, W): dy routed to the argmax position of each window
+    (with `pad`: routed in the padded frame, whose border is dropped)."""
+    if pad:
+        n, c, h, w = x_shape
+        full = maxpool_backward(dy, argmax, (n, c, h + 2 * pad, w + 2 * pad), k, stride,
+                                out=_buf(ws, "dxpad", (n, c, h + 2 * pad, w + 2 * pad),
+                                         dy.dtype), ws=ws)
+        if out is None:
+            out = _buf(ws, "dx", x_shape, dy.dtype)
+        out[...] = full[:, :, pad:pad + h, pad:pad + w]
+        return out
     n, c, ho, wo = dy.shape
     if out is None:
         out = _buf(ws, "dx", x_shape, dy.dtype)

@@ -68,6 +68,14 @@ def test_pool_relu(g, k, s):
     dy = RNG.standard_normal(ry.shape).astype(np.float32)
     close(g.maxpool_backward(g.asarray(dy), am, x.shape, k, s),
           ops.maxpool_backward(dy, ram, x.shape, k, s), g, 1e-6)
+    # padded (torchvision's stem pool: 3x3, stride 2, pad 1): padding never wins
+    py, pam = g.maxpool_forward(g.asarray(x - 2.0), k, s, pad=1)
+    rpy, rpam = ops.maxpool_forward(x - 2.0, k, s, pad=1)
+    close(py, rpy, g, 0)
+    np.testing.assert_array_equal(g.asnumpy(pam), rpam)
+    pdy = RNG.standard_normal(rpy.shape).astype(np.float32)
+    close(g.maxpool_backward(g.asarray(pdy), pam, x.shape, k, s, pad=1),
+          ops.maxpool_backward(pdy, rpam, x.shape, k, s, pad=1), g, 1e-6)
     # a conv's output layout: an NCHW view of a (C, N, H, W) buffer, read
     # where it lies; the gradient written into the same layout
     view = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)

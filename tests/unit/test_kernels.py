@@ -124,27 +124,31 @@ def test_bias_kernels(mods, grid):
 
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("cnhw", [0, 1])
+@pytest.mark.parametrize("pad", [0, 1])
 @pytest.mark.parametrize("k,s,h,w", [(2, 2, 8, 8), (2, 2, 7, 9), (3, 2, 9, 9),
                                      (3, 3, 9, 7), (2, 1, 5, 6)])
-def test_maxpool(mods, k, s, h, w, cnhw, grid):
+def test_maxpool(mods, k, s, h, w, cnhw, grid, pad):
     """cnhw = 1: x (forward) and dx (backward) lie as (C, N, H, W), the
-    layout of a conv's output and of its backward's input."""
+    layout of a conv's output and of its backward's input; pad: cells of
+    padding that never win (torchvision's stem pool)."""
     n, c = 2, 3
     x = RNG.standard_normal((n, c, h, w)).astype(np.float32)
     x[0, 0] = 1.0                                  # a plane of ties
     lay = (lambda a: np.ascontiguousarray(a.transpose(1, 0, 2, 3))) if cnhw else (lambda a: a)
-    ho, wo = ops.conv_out_size(h, k, s, 0), ops.conv_out_size(w, k, s, 0)
+    ho, wo = ops.conv_out_size(h, k, s, pad), ops.conv_out_size(w, k, s, pad)
     y = np.empty((n, c, ho, wo), np.float32)
     am = np.empty((n, c, ho, wo), np.uint8)
     nob = np.zeros(1, np.float32)                  # bias argument when has_bias = 0
-    mods["pool"].maxpool_fwd(*grid, lay(x), y, am, nob, n, c, h, w, k, s, ho, wo, cnhw, 0, 0)
-    ry, ram = ops.maxpool_forward(x, k, s)
+    mods["pool"].maxpool_fwd(*grid, lay(x), y, am, nob, n, c, h, w, k, s, ho, wo, cnhw, 0, 0,
+                             pad)
+    ry, ram = ops.maxpool_forward(x, k, s, pad=pad)
     np.testing.assert_array_equal(y, ry)
     np.testing.assert_array_equal(am, ram)
     dy = RNG.standard_normal(y.shape).astype(np.float32)
     dx = np.full(lay(x).shape, np.nan, np.float32)
-    mods["pool"].maxpool_bwd(*grid, dy, am, dx, y, n, c, h, w, k, s, ho, wo, cnhw, 0)
-    np.testing.assert_allclose(dx, lay(ops.maxpool_backward(dy, ram, x.shape, k, s)),
+    mods["pool"].maxpool_bwd(*grid, dy, am, dx, y, n, c, h, w, k, s, ho, wo, cnhw, 0, pad)
+    np.testing.assert_allclose(dx, lay(ops.maxpool_backward(dy, ram, x.shape, k, s,
+                                                            pad=pad)),
                                rtol=1e-6, atol=1e-6)
 
 
@@ -171,22 +175,23 @@ def test_maxpool_fused_with_bias_and_relu(mods, k, s, h, w, cnhw, has_bias, relu
     pool, act = mods["pool"], mods["activation"]
     # unfused kernels: the reference bits
     y0, am0 = np.empty(ry.shape, np.float32), np.empty(ry.shape, np.uint8)
-    pool.maxpool_fwd(*grid, lay(xb), y0, am0, nob, n, c, h, w, k, s, ho, wo, cnhw, 0, 0)
+    pool.maxpool_fwd(*grid, lay(xb), y0, am0, nob, n, c, h, w, k, s, ho, wo, cnhw, 0, 0, 0)
     y1 = np.empty_like(y0)
     act.relu_fwd(*grid, y0, y1, size) if relu else np.copyto(y1, y0)
     dy = RNG.standard_normal(ry.shape).astype(np.float32)
     dpool = np.empty_like(dy)
     act.relu_bwd(*grid, dy, y1, dpool, size) if relu else np.copyto(dpool, dy)
     dx0 = np.full(lay(x).shape, np.nan, np.float32)
-    pool.maxpool_bwd(*grid, dpool, am0, dx0, y1, n, c, h, w, k, s, ho, wo, cnhw, 0)
+    pool.maxpool_bwd(*grid, dpool, am0, dx0, y1, n, c, h, w, k, s, ho, wo, cnhw, 0, 0)
     # fused
     y, am = np.empty(ry.shape, np.float32), np.empty(ry.shape, np.uint8)
-    pool.maxpool_fwd(*grid, lay(x), y, am, b, n, c, h, w, k, s, ho, wo, cnhw, has_bias, relu)
+    pool.maxpool_fwd(*grid, lay(x), y, am, b, n, c, h, w, k, s, ho, wo, cnhw, has_bias, relu,
+                     0)
     assert y.tobytes() == y1.tobytes()
     np.testing.assert_array_equal(am, ram)
     np.testing.assert_array_equal(y, ops.relu_forward(ry) if relu else ry)
     dx = np.full(lay(x).shape, np.nan, np.float32)
-    pool.maxpool_bwd(*grid, dy, am, dx, y, n, c, h, w, k, s, ho, wo, cnhw, relu)
+    pool.maxpool_bwd(*grid, dy, am, dx, y, n, c, h, w, k, s, ho, wo, cnhw, relu, 0)
     assert dx.tobytes() == dx0.tobytes()
     ref = ops.maxpool_backward(ops.relu_backward(dy, ry) if relu else dy, ram, x.shape, k, s)
     np.testing.assert_allclose(dx, lay(ref), rtol=1e-6, atol=1e-6)   # overlaps: other order

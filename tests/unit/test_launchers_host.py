@@ -173,6 +173,36 @@ def test_the_stand_in_copies_as_cupy_does(g):
     assert g.to_host(d + 1, np.empty(4, np.float32)).tolist() == [1.0] * 4
 
 
+@pytest.mark.parametrize("k,s,pad", [(3, 2, 1), (2, 2, 1), (5, 2, 2)])
+def test_padded_maxpool_kernel_is_its_twin_plain_fused_and_in_the_conv_layout(g, k, s, pad):
+    """kernels/pool.cu's pad against ops.maxpool_forward/backward(pad=):
+    the same bits forward, the same routing backward; fused with the conv's
+    bias and the ReLU; reading a conv's (C, N, H, W) layout where it lies."""
+    D, H = g.asarray, g.asnumpy
+    x = RNG.standard_normal((2, 3, 9, 8)).astype(np.float32) - 1.0
+    y, am = g.maxpool_forward(D(x), k, s, pad=pad)
+    ry, ram = ops.maxpool_forward(x, k, s, pad=pad)
+    np.testing.assert_array_equal(H(y), ry)
+    np.testing.assert_array_equal(H(am), ram)
+    dy = RNG.standard_normal(ry.shape).astype(np.float32)
+    _close(g.maxpool_backward(D(dy), am, x.shape, k, s, pad=pad),
+           ops.maxpool_backward(dy, ram, x.shape, k, s, pad=pad), g, atol=1e-6)
+    b = RNG.standard_normal(3).astype(np.float32)
+    fy, fam = g.maxpool_forward(D(x), k, s, bias=D(b), relu=True, pad=pad)
+    by, bam = ops.maxpool_forward(x + b[None, :, None, None], k, s, pad=pad)
+    np.testing.assert_array_equal(H(fy), ops.relu_forward(by))
+    np.testing.assert_array_equal(H(fam), bam)
+    fdx = g.maxpool_backward(D(dy), fam, x.shape, k, s, y=fy, pad=pad)
+    _close(fdx, ops.maxpool_backward(dy * (ops.relu_forward(by) > 0), bam, x.shape, k, s,
+                                     pad=pad), g, atol=1e-6)
+    view = g.asarray(np.ascontiguousarray(x.transpose(1, 0, 2, 3))).transpose(1, 0, 2, 3)
+    vy, vam = g.maxpool_forward(view, k, s, pad=pad)
+    np.testing.assert_array_equal(H(vy), ry)
+    out = g.empty4(x.shape, np.float32, True)
+    vdx = g.maxpool_backward(g.asarray(dy), vam, x.shape, k, s, out=out, pad=pad)
+    _close(vdx, ops.maxpool_backward(dy, ram, x.shape, k, s, pad=pad), g, atol=1e-6)
+
+
 def test_maxpool_reads_and_writes_the_conv_layout_where_it_lies(g):
     """A conv's output is an NCHW view of a (C, N, H, W) buffer, and its
     backward wants the gradient in that layout: the pool launchers read x

@@ -134,6 +134,55 @@ def test_avgpool_model_exports_to_onnx_like_our_forward(tail):
     assert np.abs(got - ours).max() <= 1e-5
 
 
+STEM = [{"type": "conv", "out": 4, "k": 7, "stride": 2, "pad": 3, "bias": False},
+        "batchnorm", "relu", {"type": "maxpool", "k": 3, "stride": 2, "pad": 1},
+        "gap", {"type": "linear"}]
+
+
+def test_a_padded_maxpool_stem_has_torchvisions_shapes_and_gradient():
+    """torchvision's ResNet stem (conv 7x7 stride 2 pad 3, BN, ReLU, max-pool
+    3x3 stride 2 pad 1): 32 -> 16 -> 8, and the flat gradient agrees with
+    finite differences."""
+    m = Model(STEM, (3, 32, 32), 3, seed=2)
+    assert m.shapes[1] == (4, 16, 16) and m.shapes[4] == (4, 8, 8)
+    assert "maxpool3(stride 2, pad 1)" in m.summary()
+    with pytest.raises(ValueError, match=r"model.layers\[0\] \(maxpool\): maxpool pad"):
+        Model([{"type": "maxpool", "k": 2, "pad": 2}, "gap", {"type": "linear"}],
+              (3, 8, 8), 2)
+    m64 = Model(STEM, (3, 13, 11), 3, seed=3, dtype=np.float64)
+    x = RNG.standard_normal((2, 3, 13, 11))
+    y = np.array([0, 2])
+    m64.loss_and_grad(x, y)
+    g = m64.grads.copy()
+    idx = RNG.choice(m64.size, 25, replace=False)
+    for i in idx:
+        old = m64.params[i]
+        m64.params[i] = old + 1e-6
+        lp, _ = m64.loss_and_grad(x, y)
+        m64.params[i] = old - 1e-6
+        lm, _ = m64.loss_and_grad(x, y)
+        m64.params[i] = old
+        assert abs((lp - lm) / 2e-6 - g[i]) < 1e-5 * max(1.0, abs(g[i]))
+
+
+def test_a_padded_maxpool_exports_to_onnx_like_our_forward():
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from types import SimpleNamespace
+    from ibtmpi import onnx_export
+    m = Model(STEM, (3, 21, 19), 3, seed=5)
+    mean, std = np.float32([100.0, 120.0, 90.0]), np.float32([50.0, 60.0, 55.0])
+    t = SimpleNamespace(model=m, mean=mean, std=std, classes=["a", "b", "c"])
+    proto = onnx_export.build(t)
+    pool = [n for n in proto.graph.node if n.op_type == "MaxPool"][0]
+    assert {a.name: list(a.ints) for a in pool.attribute}["pads"] == [1, 1, 1, 1]
+    sess = ort.InferenceSession(proto.SerializeToString())
+    raw = RNG.uniform(0, 255, (4, 3, 21, 19)).astype(np.float32)
+    ours = m.forward((raw - mean[:, None, None]) / std[:, None, None])
+    got = sess.run(["logits"], {"image": raw})[0]
+    assert np.abs(got - ours).max() <= 1e-4
+
+
 def test_phase_fast_path_gives_the_plain_path_result():
     # a conv hands its 2x2 pool a phase array on the host; turning that
     # off must not change the loss or the flat gradient

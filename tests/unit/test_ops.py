@@ -294,6 +294,52 @@ def test_maxpool_ties_go_to_first_offset(k, s):
     assert dx.sum() == y.size
 
 
+def pool_naive_padded(x, k, s, pad):
+    """The max over each window of x with `pad` cells around it that never
+    win (PyTorch's MaxPool2d padding); argmax in the padded window."""
+    n, c, h, w = x.shape
+    ho, wo = (h + 2 * pad - k) // s + 1, (w + 2 * pad - k) // s + 1
+    y = np.zeros((n, c, ho, wo), x.dtype)
+    am = np.zeros((n, c, ho, wo), np.int64)
+    for nn in range(n):
+        for cc in range(c):
+            for i in range(ho):
+                for j in range(wo):
+                    best, arg = None, -1
+                    for a in range(k):
+                        for bb in range(k):
+                            r, q = i * s + a - pad, j * s + bb - pad
+                            if 0 <= r < h and 0 <= q < w and (best is None or x[nn, cc, r, q] > best):
+                                best, arg = x[nn, cc, r, q], a * k + bb
+                    y[nn, cc, i, j], am[nn, cc, i, j] = best, arg
+    return y, am
+
+
+PADDED_CASES = [(3, 2, 1, 9, 9), (3, 2, 1, 8, 7), (2, 2, 1, 6, 6), (3, 1, 1, 5, 6),
+                (5, 2, 2, 11, 9)]
+
+
+@pytest.mark.parametrize("k,s,pad,h,w", PADDED_CASES)
+def test_padded_maxpool_matches_naive_loops_and_finite_differences(k, s, pad, h, w):
+    """torchvision's stem pool (k 3, stride 2, pad 1) and others: the
+    padding never wins, all-negative windows included."""
+    x = RNG.standard_normal((2, 3, h, w)).astype(np.float32) - 3.0
+    y, am = ops.maxpool_forward(x, k, s, pad=pad)
+    ref, ref_am = pool_naive_padded(x, k, s, pad)
+    np.testing.assert_array_equal(y, ref)
+    np.testing.assert_array_equal(am, ref_am)
+    xd = RNG.permutation(2 * 2 * h * w).reshape(2, 2, h, w).astype(np.float64) * 0.01
+    yd, amd = ops.maxpool_forward(xd, k, s, pad=pad)
+    r = RNG.standard_normal(yd.shape)
+
+    def loss():
+        return float((ops.maxpool_forward(xd, k, s, pad=pad)[0] * r).sum())
+    dx = ops.maxpool_backward(r, amd, xd.shape, k, s, pad=pad)
+    np.testing.assert_allclose(dx, numgrad(loss, xd, eps=1e-5), atol=1e-8)
+    with pytest.raises(ValueError, match="padding"):
+        ops.maxpool_forward(x, k, s, pad=k)
+
+
 @pytest.mark.parametrize("k,s,h,w", POOL_CASES)
 def test_maxpool_backward_matches_finite_differences(k, s, h, w):
     # distinct values spaced far more than eps, so the argmax is stable

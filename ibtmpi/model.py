@@ -24,7 +24,9 @@ torchvision's stem pool), ``{type="avgpool", k=2, stride=2}``,
 ``{type="residual", out=64, stride=2}`` (a basic block), ``"gap"``
 (global average pooling). Presets: ``reference`` (the paper-style CNN),
 ``softmax`` (linear-only softmax regression), ``tiny`` (for tests),
-``resnet8`` and ``resnet18`` (BatchNorm, residual blocks, GAP).
+``resnet8`` and ``resnet18`` (BatchNorm, residual blocks, GAP), and
+``resnet18_imagenet`` / ``resnet34_imagenet`` (torchvision's, with the
+ImageNet stem).
 """
 from __future__ import annotations
 
@@ -68,6 +70,12 @@ PRESETS = {
          for c, s in ((64, 1), (128, 2), (256, 2), (512, 2)) for j in range(2)] + [
         "gap", {"type": "linear"},
     ],
+    # torchvision's ResNet-18 and ResNet-34 as they are (the ImageNet stem:
+    # conv7x7 stride 2 pad 3, BN, ReLU, max-pool 3x3 stride 2 pad 1), for
+    # their pretrained weights: stages [2, 2, 2, 2] and [3, 4, 6, 3] at
+    # 64/128/256/512, each stage's first block strided with a conv1x1 + BN
+    # shortcut, GAP, linear
+    "resnet18_imagenet": None, "resnet34_imagenet": None,
     "tiny": [
         {"type": "conv", "out": 4, "k": 3, "pad": 1}, "relu",
         {"type": "maxpool", "k": 2},
@@ -75,6 +83,18 @@ PRESETS = {
         {"type": "linear"},
     ],
 }
+
+
+def _imagenet_resnet(blocks):
+    stem = [{"type": "conv", "out": 64, "k": 7, "stride": 2, "pad": 3, "bias": False},
+            "batchnorm", "relu", {"type": "maxpool", "k": 3, "stride": 2, "pad": 1}]
+    return stem + [{"type": "residual", "out": c, "stride": s if j == 0 else 1}
+                   for (c, s), n in zip(((64, 1), (128, 2), (256, 2), (512, 2)), blocks)
+                   for j in range(n)] + ["gap", {"type": "linear"}]
+
+
+PRESETS["resnet18_imagenet"] = _imagenet_resnet((2, 2, 2, 2))
+PRESETS["resnet34_imagenet"] = _imagenet_resnet((3, 4, 6, 3))
 
 
 def _layers_setting(value, where):

@@ -12,6 +12,14 @@ AVGPOOL_SPEC = [{"type": "conv", "out": 4, "k": 3, "pad": 1}, "relu",
                 {"type": "avgpool", "k": 2}, "gap", {"type": "linear"}]
 
 
+# torchvision's ImageNet stem (conv7x7/2 pad 3 without bias, BN, ReLU,
+# max-pool 3x3/2 pad 1) and one strided block: the resnet*_imagenet presets'
+# new parts, small enough for a step
+IMAGENET_STEM_SPEC = [{"type": "conv", "out": 8, "k": 7, "stride": 2, "pad": 3, "bias": False},
+                      "batchnorm", "relu", {"type": "maxpool", "k": 3, "stride": 2, "pad": 1},
+                      {"type": "residual", "out": 16, "stride": 2}, "gap", {"type": "linear"}]
+
+
 def step_matches_numpy(g, spec, size, batch, seed, rtol, atol):
     """One loss_and_grad of `spec` on (batch, 3, size, size) inputs with the
     NumPy engine and with `g`: the gradients and the moved running

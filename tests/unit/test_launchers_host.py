@@ -327,6 +327,13 @@ def test_an_avgpool_model_step_on_the_device_matches_the_numpy_engine(g):
     step_matches_numpy(g, AVGPOOL_SPEC, 12, 4, 2, 1e-5, 1e-6)
 
 
+def test_an_imagenet_stem_step_on_the_device_matches_the_numpy_engine(g):
+    """The resnet*_imagenet presets' stem through the kernels (conv 7x7
+    stride 2, the padded pool fused with the ReLU, a strided block)."""
+    from devcheck import IMAGENET_STEM_SPEC, step_matches_numpy
+    step_matches_numpy(g, IMAGENET_STEM_SPEC, 21, 3, 4, 1e-5, 1e-6)
+
+
 def test_a_resnet8_step_on_the_device_matches_the_numpy_engine(g):
     """A training step and an evaluation of resnet8 through the kernels:
     gradients, the moved running statistics and eval logits agree with

@@ -165,6 +165,24 @@ def test_a_padded_maxpool_stem_has_torchvisions_shapes_and_gradient():
         assert abs((lp - lm) / 2e-6 - g[i]) < 1e-5 * max(1.0, abs(g[i]))
 
 
+def test_imagenet_resnets_are_torchvisions_in_shape_and_parameter_count():
+    """resnet18_imagenet / resnet34_imagenet have torchvision's resnet18 /
+    resnet34 parameter counts at 1,000 classes (11,689,512 and 21,797,672,
+    sum(p.numel() for p in model.parameters())), its stem's shapes at 224
+    px (112, then 56 after the pool) and its BatchNorm buffer count (the
+    running mean and variance of every BN: 9,600 and 17,024 floats)."""
+    for name, params, buffers in (("resnet18_imagenet", 11_689_512, 9_600),
+                                  ("resnet34_imagenet", 21_797_672, 17_024)):
+        m = Model(name, (3, 224, 224), 1000)
+        assert (m.size, m.n_buffers) == (params, buffers), name
+        assert m.shapes[1] == (64, 112, 112) and m.shapes[3] == (64, 56, 56), name
+        assert m.shapes[-2] == (512,), name
+    small = Model("resnet18_imagenet", (3, 32, 32), 5, seed=1)
+    x = RNG.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    loss, _ = small.loss_and_grad(x, np.array([0, 3]))
+    assert np.isfinite(loss) and np.isfinite(small.grads).all()
+
+
 def test_a_padded_maxpool_exports_to_onnx_like_our_forward():
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")

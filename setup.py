@@ -46,7 +46,7 @@ setup(
         # a GPU, to compile kernels/*.cu to PTX in the tests
         # (ibtmpi/kernelcheck.py): 12 for compute_70, 13 as cupy-cuda13x uses
         "test": ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2", "scipy", "tifffile",
-                 "scikit-learn", "tensorboardX>=2.6",
+                 "scikit-learn", "tensorboardX>=2.6", "safetensors>=0.4",
                  "onnx>=1.14", "onnxruntime>=1.16", "matplotlib>=3.5",
                  "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'",
                  "nvidia-cuda-nvrtc>=13; platform_system == 'Linux'"],
@@ -55,6 +55,8 @@ setup(
         "plot": ["matplotlib>=3.5"],
         # run.tensorboard: event files without TensorFlow or torch
         "tensorboard": ["tensorboardX>=2.6"],
+        # ibtmpi export --safetensors: the weights for PyTorch (no torch needed)
+        "safetensors": ["safetensors>=0.4"],
         # multi-band TIFFs (GeoTIFF) for `ibtmpi prep folder --bands`
         "geotiff": ["tifffile"],
     },

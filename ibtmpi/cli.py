@@ -127,9 +127,12 @@ def _add_predict(sub):
 
 
 def _add_export(sub):
-    p = sub.add_parser("export", help="export to ONNX")
+    p = sub.add_parser("export", help="export to ONNX and/or safetensors")
     p.add_argument("model")
-    p.add_argument("--onnx", required=True, metavar="FILE")
+    p.add_argument("--onnx", metavar="FILE", help="the model with its normalisation, for "
+                   "onnxruntime")
+    p.add_argument("--safetensors", metavar="FILE", help="the weights (torchvision's names "
+                   "for resnet18_imagenet and resnet34_imagenet), for PyTorch")
 
 
 def _add_plot(sub):
@@ -378,16 +381,31 @@ def cmd_predict(args):
 
 def cmd_export(args):
     from .outputs import TrainedModelError, load_trained
+    if not (args.onnx or args.safetensors):
+        raise UsageError("give --onnx FILE, --safetensors FILE or both")
     try:
         tm = load_trained(args.model)
-        from .onnx_export import export
-        model = export(tm, args.onnx)
+        if args.onnx:
+            from .onnx_export import export
+            model = export(tm, args.onnx)
+        if args.safetensors:
+            from .interchange import TWINS, export as export_weights
+            n = export_weights(tm, args.safetensors)
     except (TrainedModelError, RuntimeError) as e:
         raise UsageError(str(e)) from None
-    print(f"wrote {args.onnx}: {len(model.graph.node)} nodes; input 'image' float32 "
-          f"(N, {', '.join(map(str, tm.model.input_shape))}) "
-          f"{'RGB' if tm.image_shape[2] == 3 else 'stored band values'} 0..255 (normalisation "
-          f"folded in); outputs 'logits', 'probs' over {', '.join(tm.classes)}")
+    if args.onnx:
+        print(f"wrote {args.onnx}: {len(model.graph.node)} nodes; input 'image' float32 "
+              f"(N, {', '.join(map(str, tm.model.input_shape))}) "
+              f"{'RGB' if tm.image_shape[2] == 3 else 'stored band values'} 0..255 "
+              f"(normalisation folded in); outputs 'logits', 'probs' over "
+              f"{', '.join(tm.classes)}")
+    if args.safetensors:
+        twin = isinstance(tm.layers, str) and tm.layers in TWINS
+        print(f"wrote {args.safetensors}: {n} tensors, "
+              + (f"torchvision's {tm.layers.replace('_imagenet', '')} names "
+                 f"(load_state_dict takes them)" if twin else "ibtmpi's layer names "
+                 "(layers.<i>.<name>)")
+              + "; the input normalisation and class names in its metadata")
     return 0
 
 

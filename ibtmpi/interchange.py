@@ -1,0 +1,105 @@
+"""A trained model as a safetensors file: the interchange format of the
+field (an 8-byte header length, a JSON header, raw little-endian tensors),
+written through the safetensors package's NumPy API (no torch).
+
+Presets with a torchvision twin (resnet18_imagenet, resnet34_imagenet) get
+torchvision's state_dict names and shapes, so
+``torchvision.models.resnet18(num_classes=C).load_state_dict(
+safetensors.torch.load_file(F))`` takes the file as it is: ``conv1.weight``,
+``bn1.weight`` / ``bn1.bias`` (BatchNorm's gamma and beta),
+``bn1.running_mean`` / ``running_var``, ``bn1.num_batches_tracked`` (ibtmpi
+does not count BatchNorm's batches: 0; PyTorch reads it only with
+momentum=None), ``layer1.0.conv1.weight`` ... ``layer2.0.downsample.0.weight``
+(the strided block's conv1x1 shortcut) and ``downsample.1.*`` (its BN),
+``fc.weight``, ``fc.bias``. Every other model gets the names ibtmpi's own
+layers report, ``layers.<i>.<name>`` (docs/engine.md). The header's
+``__metadata__`` says what the weights expect: ``format`` "pt", and
+``ibtmpi``, a JSON object with the layers, the input shape, the class
+names and the input normalisation (mean and std per band on the 0..1 scale,
+torchvision's Normalize convention).
+Tests: tests/unit/test_interchange.py.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .errors import TrainedModelError
+
+# preset -> blocks per stage: torchvision's resnet18 / resnet34
+TWINS = {"resnet18_imagenet": (2, 2, 2, 2), "resnet34_imagenet": (3, 4, 6, 3)}
+BN = {"gamma": "weight", "beta": "bias", "running_mean": "running_mean",
+      "running_var": "running_var"}
+BLOCK = {"conv1": "conv1", "bn1": "bn1", "conv2": "conv2", "bn2": "bn2",
+         "short_conv": "downsample.0", "short_bn": "downsample.1"}
+
+
+def _torchvision_name(layer, li, name, blocks, residual_index):
+    """Our (layer index, slice name) -> torchvision's key, for a twin."""
+    kind = layer.kind
+    if kind == "conv" and li == 0:
+        return "conv1.weight"
+    if kind == "batchnorm" and li == 1:
+        return "bn1." + BN[name]
+    if kind == "linear":
+        return "fc." + name
+    if kind == "residual":
+        r = residual_index[li]
+        stage = next(s for s in range(4) if r < sum(blocks[:s + 1]))
+        block = r - sum(blocks[:stage])
+        part, _, leaf = name.partition(".")
+        leaf = BN.get(leaf, leaf)
+        return f"layer{stage + 1}.{block}.{BLOCK[part]}.{leaf}"
+    raise TrainedModelError(f"layer {li} ({kind}) has no torchvision name")
+
+
+def state_dict(model, layers):
+    """{name: array} of a Model's parameters and buffers (host float32),
+    torchvision's names for a twin preset (with int64 num_batches_tracked
+    after each BatchNorm's running_var), `layers.<i>.<name>` else."""
+    params = np.asarray(model.params, np.float32)
+    buffers = np.asarray(model.buffers, np.float32)
+    blocks = TWINS.get(layers) if isinstance(layers, str) else None
+    residual_index = {li: n for n, li in enumerate(
+        i for i, l in enumerate(model.layers) if l.kind == "residual")}
+    out = {}
+    for li, name, sl, flat in ([(li, n, sl, params) for li, n, sl in model.slices]
+                               + [(li, n, sl, buffers) for li, n, sl in model.buffer_slices]):
+        layer = model.layers[li]
+        key = (_torchvision_name(layer, li, name, blocks, residual_index) if blocks
+               else f"layers.{li}.{name}")
+        out[key] = np.ascontiguousarray(flat[sl].reshape(_shape(layer, name, sl)))
+        if blocks and key.endswith("running_var"):
+            out[key[:-len("running_var")] + "num_batches_tracked"] = np.zeros((), np.int64)
+    return out
+
+
+def _shape(layer, name, sl):
+    """The slice's tensor shape: the layer's own (or its child's)."""
+    shapes = dict(zip(layer.param_names, layer.param_shapes()))
+    shapes.update(zip(layer.buffer_names, layer.buffer_shapes()))
+    shape = shapes.get(name)
+    if shape is None or int(np.prod(shape)) != sl.stop - sl.start:
+        return (sl.stop - sl.start,)
+    return tuple(shape)
+
+
+def export(tm, path):
+    """Write the trained model `tm` (outputs.Trained) to `path`; returns
+    the number of tensors."""
+    try:
+        from safetensors.numpy import save
+    except ImportError:
+        raise TrainedModelError("--safetensors needs the safetensors package: pip install "
+                                "'ibtmpi[safetensors]' (or safetensors)") from None
+    tensors = state_dict(tm.model, tm.layers)
+    meta = {"format": "pt", "ibtmpi": json.dumps({
+        "layers": tm.layers, "input_shape": list(tm.model.input_shape),
+        "classes": tm.classes, "mean": [m / 255.0 for m in tm.mean.tolist()],
+        "std": [s / 255.0 for s in tm.std.tolist()],
+        "names": "torchvision" if isinstance(tm.layers, str) and tm.layers in TWINS
+        else "ibtmpi"})}
+    from .fsutil import replace_file        # never through a planted link
+    replace_file(path, save(tensors, metadata=meta))
+    return len(tensors)

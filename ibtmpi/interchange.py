@@ -54,25 +54,84 @@ def _torchvision_name(layer, li, name, blocks, residual_index):
     raise TrainedModelError(f"layer {li} ({kind}) has no torchvision name")
 
 
-def state_dict(model, layers):
-    """{name: array} of a Model's parameters and buffers (host float32),
-    torchvision's names for a twin preset (with int64 num_batches_tracked
-    after each BatchNorm's running_var), `layers.<i>.<name>` else."""
-    params = np.asarray(model.params, np.float32)
-    buffers = np.asarray(model.buffers, np.float32)
+def layout(model, layers):
+    """[(key, "params" | "buffers", slice, shape, layer index)] of a Model:
+    torchvision's names for a twin preset, `layers.<i>.<name>` else."""
     blocks = TWINS.get(layers) if isinstance(layers, str) else None
     residual_index = {li: n for n, li in enumerate(
         i for i, l in enumerate(model.layers) if l.kind == "residual")}
-    out = {}
-    for li, name, sl, flat in ([(li, n, sl, params) for li, n, sl in model.slices]
-                               + [(li, n, sl, buffers) for li, n, sl in model.buffer_slices]):
+    out = []
+    for li, name, sl, where in ([(li, n, sl, "params") for li, n, sl in model.slices]
+                                + [(li, n, sl, "buffers")
+                                   for li, n, sl in model.buffer_slices]):
         layer = model.layers[li]
         key = (_torchvision_name(layer, li, name, blocks, residual_index) if blocks
                else f"layers.{li}.{name}")
-        out[key] = np.ascontiguousarray(flat[sl].reshape(_shape(layer, name, sl)))
-        if blocks and key.endswith("running_var"):
+        out.append((key, where, sl, _shape(layer, name, sl), li))
+    return out
+
+
+def state_dict(model, layers):
+    """{name: array} of a Model's parameters and buffers (host float32),
+    in layout()'s names, with torchvision's int64 num_batches_tracked after
+    each BatchNorm's running_var for a twin preset."""
+    flats = {"params": np.asarray(model.params, np.float32),
+             "buffers": np.asarray(model.buffers, np.float32)}
+    twin = isinstance(layers, str) and layers in TWINS
+    out = {}
+    for key, where, sl, shape, _ in layout(model, layers):
+        out[key] = np.ascontiguousarray(flats[where][sl].reshape(shape))
+        if twin and key.endswith("running_var"):
             out[key[:-len("running_var")] + "num_batches_tracked"] = np.zeros((), np.int64)
     return out
+
+
+def load_into(model, layers, path):
+    """Copy the tensors of the safetensors file `path` into a host Model
+    (its params and buffers) by name; returns (notes, metadata). The head
+    (the last linear layer: fc.* for a twin) keeps the model's own
+    initialisation where its shape differs (another class count), with a
+    note; any other missing, extra or misshapen tensor is a
+    TrainedModelError naming it (and both shapes)."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise TrainedModelError("a .safetensors model.init needs the safetensors package: "
+                                "pip install 'ibtmpi[safetensors]'") from None
+    try:
+        with safe_open(path, framework="numpy") as f:
+            meta = f.metadata() or {}
+            got = {k: f.get_tensor(k) for k in f.keys()}
+    except OSError as e:
+        raise TrainedModelError(f"{path}: {e.strerror or e}") from None
+    except Exception as e:          # a damaged header: the package's own error
+        raise TrainedModelError(f"{path}: not a readable safetensors file ({e})") from None
+    head = max((i for i, l in enumerate(model.layers) if l.kind == "linear"), default=None)
+    entries = layout(model, layers)
+    want = {k for k, *_ in entries}
+    extra = sorted(k for k in got if k not in want and not k.endswith("num_batches_tracked"))
+    missing = [k for k in (k for k, *_ in entries) if k not in got]
+    if missing or extra:
+        said = (f"missing {missing[0]}" + (f" (and {len(missing) - 1} more)"
+                                           if len(missing) > 1 else "")) if missing else ""
+        said += ("; " if said and extra else "") + (
+            f"unexpected {extra[0]}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1
+                                        else "") if extra else "")
+        raise TrainedModelError(f"{path} does not fit model.layers = {layers!r}: {said}")
+    notes, flats, kept = [], {"params": model.params, "buffers": model.buffers}, []
+    for key, where, sl, shape, li in entries:
+        a = got[key]
+        if tuple(a.shape) != tuple(shape):
+            if li == head:
+                kept.append(f"{key} {list(a.shape)}")
+                continue
+            raise TrainedModelError(f"{path}: {key} is {list(a.shape)}, model.layers = "
+                                    f"{layers!r} needs {list(shape)}")
+        flats[where][sl] = a.astype(np.float32, copy=False).ravel()
+    if kept:
+        notes.append(f"the head ({', '.join(kept)} in the file) is initialised anew for "
+                     f"this data's {model.n_classes} classes")
+    return notes, meta
 
 
 def _shape(layer, name, sl):

@@ -397,7 +397,8 @@ class CheckpointState:
         from ..outputs import TrainedModelError, load_trained
         err, t, fp = None, None, None
         try:
-            t = load_trained(path)
+            t = (self._from_safetensors(path) if path.endswith(".safetensors")
+                 else load_trained(path))
             err = self._init_mismatch(t)
             fp = hashlib.sha256(t.model.params.tobytes()).hexdigest()
         except TrainedModelError as e:
@@ -420,16 +421,46 @@ class CheckpointState:
             self.z[...] = z
         else:
             self.sync.restart(self._new_consensus())
-        notes = []
+        notes = list(getattr(t, "notes", []))
+        if t.mean is None:
+            notes.append("the file names no input normalisation: this run normalises as "
+                         "data.normalize says (\"imagenet\" for ImageNet weights)")
         if t.classes != list(self.ds.classes):
             notes.append(f"its classes {t.classes} are this data's {list(self.ds.classes)} "
                          f"by position")
-        if not (np.allclose(t.mean, self.norm_mean, atol=1e-3) and
-                np.allclose(t.std, self.norm_std, atol=1e-3)):
+        if t.mean is not None and not (np.allclose(t.mean, self.norm_mean, atol=1e-3) and
+                                       np.allclose(t.std, self.norm_std, atol=1e-3)):
             notes.append("it was trained with another normalisation (mean/std); this "
                          "run normalises with this data's")
         self.init_note = (f"initialised from {t.source}"
                           + (": " + "; ".join(notes) if notes else ""))
+
+    def _from_safetensors(self, path):
+        """model.init = a .safetensors file (ibtmpi export's, or torchvision's
+        state_dict saved with safetensors.torch.save_file): this run's own
+        model, initialised as model.seed says, with the file's tensors copied
+        in by name (interchange.load_into; a head of another class count keeps
+        its fresh initialisation). Its classes are this data's; its
+        normalisation the file's metadata's, where it says one."""
+        import json
+        from types import SimpleNamespace
+        from ..interchange import load_into
+        from ..model import Model
+        layers = self.cfg["model"]["layers"]
+        m = Model(layers, self.model.input_shape, self.model.n_classes,
+                  seed=self.cfg["model"]["seed"])
+        notes, meta = load_into(m, layers, path)
+        info = {}
+        try:
+            info = json.loads(meta.get("ibtmpi", "{}"))
+        except ValueError:
+            pass
+        mean = std = None
+        if info.get("mean") and info.get("std"):
+            mean = np.asarray(info["mean"], np.float64) * 255.0
+            std = np.asarray(info["std"], np.float64) * 255.0
+        return SimpleNamespace(model=m, classes=list(self.ds.classes), mean=mean, std=std,
+                               source=path, layers=layers, notes=notes)
 
     def _init_mismatch(self, t):
         """Why trained model t cannot start this run's model, or None."""

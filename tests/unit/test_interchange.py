@@ -103,3 +103,70 @@ def test_other_models_get_ibtmpis_names_and_errors_are_one_line(trained, tmp_pat
     os.symlink(victim, link)
     assert main(["export", trained, "--safetensors", str(link)]) == 0
     assert victim.read_text() == "keep" and not os.path.islink(link)
+
+
+def _resnet_run(data, run, *more):
+    return ["train", "--quiet", "--simulate", "2", "--set", f"data.path={data}",
+            "--set", f"run.dir={run}", "--set", "model.layers=resnet18_imagenet",
+            "--set", "run.passes=0.2", "--set", "data.split_size=40",
+            "--set", "run.threads=1", *more]
+
+
+def test_model_init_from_safetensors_starts_where_the_file_says(small_dataset, tmp_path,
+                                                                capsys):
+    """A run started from an exported file starts from the same z as one
+    started from the run itself (model.npz), bit for bit; a file with
+    another class count (torchvision's 1,000) keeps this run's fresh head
+    and says so; a missing or misshapen tensor is one line, exit 2."""
+    from ibtmpi.config import load
+    from ibtmpi.train import Trainer
+    src = tmp_path / "src"
+    assert main(_resnet_run(small_dataset, src)) == 0
+    f = tmp_path / "w.safetensors"
+    assert main(["export", str(src), "--safetensors", str(f)]) == 0
+
+    def started(init):
+        cfg = load(None, [f"data.path={small_dataset}", "model.layers=resnet18_imagenet",
+                          f"run.dir={tmp_path / ('r' + str(abs(hash(init))))}",
+                          "run.simulate=2", "data.split_size=40", f"model.init={init}",
+                          "run.quiet=true", "run.threads=1"])
+        t = Trainer(cfg, log=lambda m: None)
+        t._init_from_model(False)
+        return t
+    a, b = started(str(f)), started(str(src))
+    assert a.z.tobytes() == b.z.tobytes() and a.zbuf.tobytes() == b.zbuf.tobytes()
+    assert a.init_note == f"initialised from {f}"
+    tensors = st.load_file(str(f))
+    rng = np.random.default_rng(0)
+    tensors["fc.weight"] = rng.standard_normal((1000, 512)).astype(np.float32)
+    tensors["fc.bias"] = np.zeros(1000, np.float32)
+    big = tmp_path / "imagenet.safetensors"
+    st.save_file(tensors, str(big))                       # no metadata: a foreign file
+    c = started(str(big))
+    assert "the head (fc.weight [1000, 512], fc.bias [1000] in the file) is initialised " \
+           "anew for this data's 5 classes" in c.init_note
+    assert "names no input normalisation" in c.init_note
+    fresh = Model("resnet18_imagenet", c.model.input_shape, 5, seed=0)
+    n_fc = 512 * 5 + 5
+    assert c.z[-n_fc:].tobytes() == fresh.params[-n_fc:].tobytes()     # its own head
+    assert c.z[:-n_fc].tobytes() == a.z[:-n_fc].tobytes()             # the file's body
+    del tensors["layer3.1.bn2.running_var"]
+    tensors["layer1.0.conv1.weight"] = np.zeros((64, 64, 1, 1), np.float32)
+    bad = tmp_path / "bad.safetensors"
+    st.save_file(tensors, str(bad))
+    capsys.readouterr()
+    assert main(_resnet_run(small_dataset, tmp_path / "x", "--set", f"model.init={bad}")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing layer3.1.bn2.running_var" in err, err
+    del tensors["fc.weight"], tensors["fc.bias"]
+    tensors["layer3.1.bn2.running_var"] = np.ones(256, np.float32)
+    st.save_file(tensors, str(bad))
+    assert main(_resnet_run(small_dataset, tmp_path / "y", "--set", f"model.init={bad}")) == 2
+    err = capsys.readouterr().err
+    assert "missing fc.weight (and 1 more)" in err, err
+    tensors["fc.weight"], tensors["fc.bias"] = rng.standard_normal((5, 512)).astype(
+        np.float32), np.zeros(5, np.float32)
+    st.save_file(tensors, str(bad))
+    assert main(_resnet_run(small_dataset, tmp_path / "z", "--set", f"model.init={bad}")) == 2
+    err = capsys.readouterr().err
+    assert "layer1.0.conv1.weight is [64, 64, 1, 1]" in err and "needs [64, 64, 3, 3]" in err

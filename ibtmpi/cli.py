@@ -50,6 +50,7 @@ def build_parser():
     _add_evaluate(sub)
     _add_predict(sub)
     _add_export(sub)
+    _add_import_weights(sub)
     _add_plot(sub)
     _add_bench(sub)
     _add_status(sub)
@@ -133,6 +134,20 @@ def _add_export(sub):
                    "onnxruntime")
     p.add_argument("--safetensors", metavar="FILE", help="the weights (torchvision's names "
                    "for resnet18_imagenet and resnet34_imagenet), for PyTorch")
+
+
+def _add_import_weights(sub):
+    p = sub.add_parser("import-weights", help="an ibtmpi model file from safetensors "
+                       "weights (torchvision's names for the ImageNet ResNet presets)")
+    p.add_argument("weights", metavar="IN.safetensors")
+    p.add_argument("--layers", required=True, metavar="PRESET",
+                   help="e.g. resnet18_imagenet (the file's tensors go in by name)")
+    p.add_argument("--data", required=True, metavar="DATASET",
+                   help="the data set whose classes and image size the model takes")
+    p.add_argument("--out", required=True, metavar="MODEL.npz")
+    p.add_argument("--normalize", choices=("dataset", "imagenet"),
+                   help="default: the file's own, else imagenet for torchvision's names "
+                        "on 3 bands, else dataset")
 
 
 def _add_plot(sub):
@@ -409,6 +424,21 @@ def cmd_export(args):
     return 0
 
 
+def cmd_import_weights(args):
+    from .dataset import DatasetError
+    from .interchange import import_weights
+    from .outputs import TrainedModelError
+    try:
+        n, notes, norm = import_weights(args.weights, args.layers, args.data, args.out,
+                                        args.normalize)
+    except (TrainedModelError, DatasetError) as e:
+        raise UsageError(str(e)) from None
+    said = norm if isinstance(norm, str) else "the file's own"
+    print(f"wrote {args.out}: {n} tensors of {args.layers} from {args.weights}, for "
+          f"{args.data}; normalisation: {said}" + "".join(f"; {x}" for x in notes))
+    return 0
+
+
 def cmd_plot(args):
     from .outputs import NoPlotting, TrainedModelError, plot_run
     try:
@@ -503,7 +533,8 @@ def cmd_prep(args):
 
 COMMANDS = {"info": cmd_info, "status": cmd_status, "demo": cmd_demo, "prep": cmd_prep,
             "train": cmd_train, "evaluate": cmd_evaluate, "predict": cmd_predict,
-            "export": cmd_export, "plot": cmd_plot, "bench": cmd_bench}
+            "export": cmd_export, "import-weights": cmd_import_weights, "plot": cmd_plot,
+            "bench": cmd_bench}
 
 
 def main(argv=None):

@@ -162,3 +162,38 @@ def export(tm, path):
     from .fsutil import replace_file        # never through a planted link
     replace_file(path, save(tensors, metadata=meta))
     return len(tensors)
+
+
+def import_weights(path, layers, data, out, normalize=None):
+    """`ibtmpi import-weights`: an ibtmpi model file (`out`, model.npz's
+    format) of `layers` for the data set at `data`, its tensors from the
+    safetensors file `path` (load_into: a head of another class count is
+    initialised anew). normalize: "dataset", "imagenet", or None for the
+    file's own (its metadata's), else "imagenet" for torchvision's names on
+    3 bands, else "dataset". Returns (tensors read, the notes)."""
+    from .dataset import Dataset
+    from .model import Model
+    from .outputs import save_model
+    ds = Dataset(data)
+    h, w, c = ds.image_shape
+    try:
+        m = Model(layers, (c, h, w), ds.n_classes, seed=0)
+    except ValueError as e:
+        raise TrainedModelError(f"--layers {layers!r}: {e}") from None
+    notes, meta = load_into(m, layers, path)
+    if normalize is None:
+        info = {}
+        try:
+            info = json.loads(meta.get("ibtmpi", "{}"))
+        except ValueError:
+            pass
+        if info.get("mean") and info.get("std") and len(info["mean"]) == c:
+            normalize = [list(info["mean"]), list(info["std"])]
+        else:
+            normalize = ("imagenet" if isinstance(layers, str) and layers in TWINS and c == 3
+                         else "dataset")
+    cfg = {"data": {"normalize": normalize}, "model": {"layers": layers},
+           "algorithm": {"name": "imported"}}
+    save_model(out, np.asarray(m.params, np.float32), m, ds, cfg,
+               np.asarray(m.buffers, np.float32))
+    return len(layout(m, layers)), notes, normalize

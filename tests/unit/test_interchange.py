@@ -170,3 +170,30 @@ def test_model_init_from_safetensors_starts_where_the_file_says(small_dataset, t
     assert main(_resnet_run(small_dataset, tmp_path / "z", "--set", f"model.init={bad}")) == 2
     err = capsys.readouterr().err
     assert "layer1.0.conv1.weight is [64, 64, 1, 1]" in err and "needs [64, 64, 3, 3]" in err
+
+
+def test_import_weights_makes_a_model_file_that_evaluate_and_export_use(small_dataset,
+                                                                        tmp_path, capsys):
+    """import-weights: an exported run's weights back into an ibtmpi model
+    file with the same z and buffers, its normalisation from the file;
+    evaluate reads it; a file of another preset is one line, exit 2."""
+    src = tmp_path / "src"
+    assert main(_resnet_run(small_dataset, src)) == 0
+    f = tmp_path / "w.safetensors"
+    assert main(["export", str(src), "--safetensors", str(f)]) == 0
+    out = tmp_path / "imported.npz"
+    capsys.readouterr()
+    assert main(["import-weights", str(f), "--layers", "resnet18_imagenet", "--data",
+                 small_dataset, "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    # 122 in the file: 102 parameters and running statistics, 20 num_batches_tracked
+    assert "102 tensors of resnet18_imagenet" in said and "the file's own" in said, said
+    with np.load(out) as a, np.load(src / "model.npz") as b:
+        assert a["z"].tobytes() == b["z"].tobytes()
+        assert a["buffers"].tobytes() == b["buffers"].tobytes()
+        np.testing.assert_allclose(a["mean"], b["mean"], rtol=1e-12)
+    assert main(["evaluate", str(out), "--data", small_dataset, "--split", "test"]) == 0
+    assert main(["import-weights", str(f), "--layers", "resnet34_imagenet", "--data",
+                 small_dataset, "--out", str(tmp_path / "x.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing layer1.2.conv1.weight" in err, err

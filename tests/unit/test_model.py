@@ -277,3 +277,23 @@ def test_training_reaches_accuracy():
     assert hist[-1]["train_loss"] < hist[0]["train_loss"]
     _, acc = serial.evaluate(m, xte, yte, mean, std)
     assert acc >= 0.75, acc
+
+
+def test_resnet18_imagenet_agrees_with_onnxruntime():
+    """The whole preset (the ImageNet stem, strided blocks with conv1x1
+    shortcuts) against an independent engine: its ONNX graph in
+    onnxruntime gives our eval-mode logits."""
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from types import SimpleNamespace
+    from ibtmpi import onnx_export
+    m = Model("resnet18_imagenet", (3, 40, 40), 7, seed=6)
+    m.buffers[...] = RNG.uniform(0.5, 1.5, m.n_buffers).astype(np.float32)  # not 0/1
+    m.load_buffers(m.buffers)
+    mean, std = np.float32([120.0, 115.0, 100.0]), np.float32([60.0, 58.0, 57.0])
+    t = SimpleNamespace(model=m, mean=mean, std=std, classes=list("abcdefg"))
+    sess = ort.InferenceSession(onnx_export.build(t).SerializeToString())
+    raw = RNG.uniform(0, 255, (3, 3, 40, 40)).astype(np.float32)
+    ours = m.forward((raw - mean[:, None, None]) / std[:, None, None], train=False)
+    got = sess.run(["logits"], {"image": raw})[0]
+    assert np.abs(got - ours).max() <= 1e-3 * max(1.0, np.abs(ours).max())

@@ -1,13 +1,12 @@
-"""Rank 0's evaluation of z: where it runs (run.eval_device: the GPU the
-rank has, or the CPU), its batches interleaved with the waits for the
-workers (`_work`, called by comm.allreduce_sum while the master waits) and
-carried across as many blocks as it takes (`_settle_eval`; CarriedEvaluation:
-the metrics lines behind it and the manifest of a checkpoint taken
-meanwhile wait for its line), the best model it keeps and the early stop
-it decides (EvalHistory). CarriedEvaluation and EvalHistory are parts of
-their own, built alone in tests/unit/test_keep_best.py; the rest is a
-mixin of train.trainer.Trainer, beside master.MasterReports (the records
-and reports) whose `_emit` writes the evaluated line.
+"""Rank 0's evaluation of z (MasterEvaluator): where it runs (run.eval_device:
+the GPU the rank has, or the CPU), its batches interleaved with the waits
+for the workers (`work`, called by comm.allreduce_sum while the master
+waits) and carried across as many blocks as it takes (`settle`;
+CarriedEvaluation: the metrics lines behind it and the manifest of a
+checkpoint taken meanwhile wait for its line), the best model it keeps and
+the early stop it decides (EvalHistory). Three parts of their own, built
+from explicit arguments; the trainer's master.MasterReports writes the
+evaluated line (`_emit`).
 Tests: tests/unit/test_keep_best.py, test_device_path.py (eval_device),
 tests/mpi/test_trainer_mpi.py (the carried evaluation).
 """
@@ -18,9 +17,8 @@ import time
 
 import numpy as np
 
+from ..model import Model
 from ..monitor import eval_rank
-from ..outputs import save_model
-from .lifecycle import weakly
 
 BEST = "model-best.npz"
 
@@ -122,8 +120,38 @@ class CarriedEvaluation:
             self.cpu_s += time.process_time() - c0
 
 
-class MasterEvaluation:
-    def _eval_ops(self):
+class MasterEvaluator:
+    """Rank 0's evaluation of z, a part of its own: the val and test data
+    and the evaluation model (where run.eval_device puts it), the history
+    of evaluations (EvalHistory: the best, the early stop), the evaluation
+    carried across the waits (CarriedEvaluation) and the best model file.
+    Every rank builds one; only the master's holds data. Built from
+    explicit arguments: host(a) brings a rank array to the host; sync is
+    the ConsensusState (the agreed buffers); norm the inputs' (mean, std);
+    save_best(params, buffers) writes RUN/model-best.npz; emit, manifest
+    and span are CarriedEvaluation's."""
+
+    def __init__(self, cfg, ds, *, is_master, has_workers, eval_ops, host, sync, norm,
+                 control, save_best, emit, manifest, span):
+        r = cfg["run"]
+        self.run_dir, self.keep_best = r["dir"], r["keep_best"]
+        self.carry = not (has_workers or r["early_stop"])   # see settle()
+        self.host, self.sync, self.norm, self.control = host, sync, norm, control
+        self.save_best = save_best
+        self.val = self.test = self.eval_model = None
+        if is_master:
+            for name in ("val", "test"):
+                if name in ds.splits:
+                    sp = ds.split(name)
+                    setattr(self, name, (sp.read_all(), sp.labels))
+            h, w, c = ds.image_shape
+            self.eval_model = Model(cfg["model"]["layers"], (c, h, w), ds.n_classes,
+                                    ops=self._ops(r["eval_device"], eval_ops))
+        self.history = EvalHistory(r["early_stop"], r["early_stop_delta"])
+        self.carried = CarriedEvaluation(emit, manifest, span)
+
+    @staticmethod
+    def _ops(where, ops):
         """Where the master evaluates (run.eval_device): auto on the GPU
         this rank has (a one-process GPU run's, or a master's of its own on
         a GPU node: entry.py), else on the CPU; gpu where it has none is an
@@ -131,9 +159,8 @@ class MasterEvaluation:
         (different summation orders), so accuracies can differ by an image
         whose top two logits tie within it."""
         from ..config import ConfigError
-        ev = self.cfg["run"]["eval_device"]
-        ops = None if ev == "cpu" else self.eval_ops
-        if ev == "gpu" and ops is None:
+        ops = None if where == "cpu" else ops
+        if where == "gpu" and ops is None:
             raise ConfigError("run.eval_device = gpu, but the evaluating rank (rank 0) "
                               "has no GPU; use auto or cpu")
         return ops
@@ -142,78 +169,69 @@ class MasterEvaluation:
         ops = self.eval_model.device_ops
         return a if ops is None else ops.asnumpy(a)
 
-    def _eval_steps(self, data, params, out, batch=256, buffers=None):
+    def steps(self, data, params, out, batch=256, buffers=None):
         """Generator: evaluates params (with buffers, z's by default) on
         (x, y) batch by batch, yielding in between, so the master can poll
         MPI; writes (loss, acc) into out."""
         from ..serial import evaluate_steps
         m = self.eval_model     # params: the host's, or z on the master's GPU (its own)
-        m.params[...] = (self._host(params) if m.device_ops is None
+        m.params[...] = (self.host(params) if m.device_ops is None
                          else m.device_ops.asarray(params))
-        self.eval_model.load_buffers(self.zbuf if buffers is None else buffers)
-        return evaluate_steps(self.eval_model, data[0], data[1], self.norm_mean,
-                              self.norm_std, out, batch)
+        m.load_buffers(self.sync.zbuf if buffers is None else buffers)
+        return evaluate_steps(m, data[0], data[1], self.norm[0], self.norm[1], out, batch)
 
-    def _work(self):
+    def work(self):
         """The master's useful work while waiting: one batch of the pending
         evaluation. Returns False when there is nothing to do."""
         return self.carried.work()
 
-    def _new_carried(self):
-        return CarriedEvaluation(weakly(self, "_emit"), weakly(self, "_write_manifest"),
-                                 weakly(self, "_eval_span"))
-
-    def _eval_span(self, t0, t1, k):
-        self.tl.span("evaluation", t0, t1, 0, block=k)
-
-    def _settle_eval(self):
+    def settle(self):
         """After a block: finish the pending evaluation, unless it may be
         carried into the next blocks' waits. A master of its own carries
         it (its batches run while it waits for the workers; the metrics
         lines behind it wait for its line, so their order stays the block
-        order, and so do the manifests of checkpoints taken meanwhile:
-        CheckpointState._manifest), so a long evaluation never holds the
-        workers at the next Allreduce; not under run.early_stop, whose
-        decision must come at the block it always came at. The last block,
-        a stop and the next due evaluation finish it first."""
-        if self.local or self.cfg["run"]["early_stop"]:
-            self._finish_eval()
+        order, and so do the manifests of checkpoints taken meanwhile), so
+        a long evaluation never holds the workers at the next Allreduce;
+        not under run.early_stop, whose decision must come at the block it
+        always came at. The last block, a stop and the next due evaluation
+        finish it first."""
+        if not self.carry:
+            self.finish()
 
-    def _finish_eval(self):
+    def finish(self):
         if self.carried.pending is not None:
             self.control.at("evaluation")
-            while self._work():
+            while self.work():
                 pass
 
-    def _best_summary(self, summary):
+    def best_summary(self, summary, last_block):
         """summary.json's "best": the block with the best val accuracy, and
         its model's test accuracy (the final one's where that is the last)."""
-        b = dict(self.evals.best)
+        b = dict(self.history.best)
         path = os.path.join(self.run_dir, BEST)
-        if not (self.cfg["run"]["keep_best"] and os.path.exists(path)):
+        if not (self.keep_best and os.path.exists(path)):
             return b
         b["file"] = path
         if self.test is None:
             return b
-        if b["block"] == self.total_blocks - 1:
+        if b["block"] == last_block:
             b["test_loss"], b["test_acc"] = summary["test_loss"], summary["test_acc"]
             return b
         out = {}
         with np.load(path) as f:
             z = f["z"]
             buffers = f["buffers"] if "buffers" in f.files else None   # its own statistics
-        for _ in self._eval_steps(self.test, z, out, buffers=buffers):
+        for _ in self.steps(self.test, z, out, buffers=buffers):
             pass
         b["test_loss"], b["test_acc"] = out["loss"], out["acc"]
         return b
 
-    def _on_evaluation(self, rec, write=True):
+    def observe(self, rec, write=True):
         """Master, at each evaluation (write=False: replaying those of a
         resumed run): the history decides (EvalHistory); a new best is
         written to RUN/model-best.npz. The evaluated z is the evaluation
         model's (the consensus has moved on while the evaluation overlapped
         the next block)."""
-        if self.evals.observe(rec) and write and self.cfg["run"]["keep_best"]:
-            save_model(os.path.join(self.run_dir, BEST),
-                       self._host_params(self.eval_model.params), self.model, self.ds,
-                       self.cfg, self._host_params(self.eval_model.buffers))
+        if self.history.observe(rec) and write and self.keep_best:
+            self.save_best(self._host_params(self.eval_model.params),
+                           self._host_params(self.eval_model.buffers))

@@ -19,34 +19,35 @@ from .. import checkpoint as ckpt
 from .. import comm as mpi
 from .. import memory, recipe, timeline
 from ..fsutil import open_append, read_jsonl, replace_file
-from ..model import Model
 from ..monitor import (MasterLate, Progress, Starved, Stragglers,
                        master_late_recent, master_late_text, oversubscription_text,
                        placement_text, ranges)
 from ..outputs import save_model
 from .plan import split_note
 
-from .evaluation import BEST, EvalHistory
+from .evaluation import BEST, MasterEvaluator
+from .lifecycle import weakly
 
 
 class MasterReports:
     def _master_setup(self):
         """The master's evaluation data and model and its records (every
         rank has the attributes; only the master fills them)."""
-        self.val = self.test = None
-        if self.is_master:
-            for name in ("val", "test"):
-                if name in self.ds.splits:
-                    sp = self.ds.split(name)
-                    setattr(self, name, (sp.read_all(), sp.labels))
-            h, w, c = self.ds.image_shape
-            self.eval_model = Model(self.cfg["model"]["layers"], (c, h, w),
-                                    self.ds.n_classes, ops=self._eval_ops())
+        self.evaluator = MasterEvaluator(
+            self.cfg, self.ds, is_master=self.is_master, has_workers=bool(self.local),
+            eval_ops=self.eval_ops, host=weakly(self, "_host"), sync=self.sync,
+            norm=(self.norm_mean, self.norm_std), control=self.control,
+            save_best=weakly(self, "_save_best"), emit=weakly(self, "_emit"),
+            manifest=weakly(self, "_write_manifest"), span=weakly(self, "_eval_span"))
         self.metrics_f = None
         self.history = []
-        r = self.cfg["run"]           # the master's: best so far, early stop
-        self.evals = EvalHistory(r["early_stop"], r["early_stop_delta"])
-        self.carried = self._new_carried()   # the evaluation in flight, lines behind it
+
+    def _save_best(self, params, buffers):
+        save_model(os.path.join(self.run_dir, BEST), params, self.model, self.ds, self.cfg,
+                   buffers)
+
+    def _eval_span(self, t0, t1, k):
+        self.tl.span("evaluation", t0, t1, 0, block=k)
 
     def _start_reports(self, start):
         """Progress (a bar on a terminal, lines in a batch log), straggler,
@@ -144,15 +145,16 @@ class MasterReports:
                          f"{self.starved.window} blocks"))
         eval_every = self.cfg["run"]["eval_every"] or self.sched.blocks_per_pass
         due = (k + 1) % eval_every == 0 or last
-        if due and self.val is not None:
-            self._finish_eval()         # one evaluation at a time
+        ev = self.evaluator
+        if due and ev.val is not None:
+            ev.finish()                 # one evaluation at a time
             self.control.enter("evaluation")
             out = {}
-            self.carried.start(rec, self._eval_steps(self.val, self.z, out), out)
+            ev.carried.start(rec, ev.steps(ev.val, self.z, out), out)
             if self.local or last:      # nothing to overlap with: now
-                self._finish_eval()
+                ev.finish()
         else:
-            self.carried.line(rec)      # behind a carried evaluation's line, or now
+            ev.carried.line(rec)        # behind a carried evaluation's line, or now
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{rec['train_loss']:.3f}")
@@ -188,7 +190,7 @@ class MasterReports:
         self.history = kept
         for rec in kept:
             if "val_acc" in rec:
-                self._on_evaluation(rec, write=False)
+                self.evaluator.observe(rec, write=False)
 
     def _open_run_dir(self, start):
         r = self.cfg["run"]
@@ -264,9 +266,9 @@ class MasterReports:
                    "passes": self.total_blocks / self.sched.blocks_per_pass,
                    "wall_s": wall, "rank0_cpu_s": cpu,
                    "rank0_cpu_share": cpu / wall if wall else 0.0,
-                   "rank0_eval_cpu_s": self.carried.cpu_s,
+                   "rank0_eval_cpu_s": self.evaluator.carried.cpu_s,
                    # what rank 0 burns besides evaluating: waiting, updates, I/O
-                   "rank0_other_cpu_share": (cpu - self.carried.cpu_s) / wall if wall else 0.0,
+                   "rank0_other_cpu_share": (cpu - self.evaluator.carried.cpu_s) / wall if wall else 0.0,
                    "allreduce_calls": mpi.STATS["allreduce"] - calls0,
                    "allreduce_bytes": mpi.STATS["bytes"] - bytes0,
                    "images": int(images), "simulated": bool(self.simulate),
@@ -335,9 +337,10 @@ class MasterReports:
         elif self.is_master:
             self.control.at("evaluation")
             t_eval = time.perf_counter()
-            if self.test is not None:
+            ev = self.evaluator
+            if ev.test is not None:
                 out = {}
-                for _ in self._eval_steps(self.test, self.z, out):
+                for _ in ev.steps(ev.test, self.z, out):
                     pass
                 summary["test_loss"], summary["test_acc"] = out["loss"], out["acc"]
             summary["final_eval_s"] = round(time.perf_counter() - t_eval, 6)
@@ -346,9 +349,9 @@ class MasterReports:
                 summary["val_acc"] = last_val[-1]["val_acc"]
             save_model(os.path.join(r["dir"], "model.npz"), self._host(self.z), self.model,
                        self.ds, self.cfg, self.zbuf)
-            if self.evals.best is not None:
-                summary["best"] = self._best_summary(summary)
-            early = self.evals.early
+            if ev.history.best is not None:
+                summary["best"] = ev.best_summary(summary, self.total_blocks - 1)
+            early = ev.history.early
             if self.control.early_agreed and early is not None:
                 summary["stopped_early"] = {"after_block": self.total_blocks - 1,
                                             "reason": early[1]}
@@ -376,7 +379,7 @@ class MasterReports:
     def _emit(self, rec, val):
         if val:
             rec["val_loss"], rec["val_acc"] = val["loss"], val["acc"]
-            self._on_evaluation(rec)
+            self.evaluator.observe(rec)
         self._overshoot_check(rec)
         self.history.append(rec)
         self.metrics_f.write(json.dumps(rec) + "\n")

@@ -149,9 +149,9 @@ class CheckpointState:
     def _manifest(self, k):
         """Confirm checkpoint k: its manifest, once every metrics line up to
         block k is written. While an evaluation is carried across the
-        waits (MasterReports._settle_eval) the lines behind it are not, so
+        waits (MasterEvaluator.settle) the lines behind it are not, so
         the manifest waits for it (a resume from k finds lines 0..k)."""
-        self.carried.confirm(k)
+        self.evaluator.carried.confirm(k)
 
     def _write_manifest(self, k):
         world = 1 if self.simulate else mpi.world_size()

@@ -158,7 +158,7 @@ class BlockSteps:
         checkpoint is kept, and the exact command that resumes (or restarts)
         with a lower learning rate: lr and rho may change on a resume."""
         import shlex
-        self._finish_eval()      # a checkpoint confirmed behind it gets its manifest
+        self.evaluator.finish()  # a checkpoint confirmed behind it gets its manifest
         done = ckpt.complete(self.run_dir)
         kept = (f"the last good checkpoint {ckpt.ckpt_dir(self.run_dir, done[-1])} is kept"
                 if done else "no checkpoint was written before it (the rerun starts "
@@ -198,7 +198,7 @@ class BlockSteps:
                 v |= FLAG_STOP
             if ckpt and self.writes.pending is not None:
                 v |= FLAG_CKPT
-            early = self.evals.early      # the master's decision (None elsewhere)
+            early = self.evaluator.history.early   # the master's decision (None elsewhere)
             if early is not None and self.control.block >= early[0]:
                 v |= FLAG_EARLY
             fl[j] = v

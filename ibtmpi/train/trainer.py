@@ -38,7 +38,6 @@ from ..errors import Preempted
 from .exchange import BlockExchange
 from .state import CheckpointState, CheckpointWrites
 from .lifecycle import RunControl
-from .evaluation import MasterEvaluation
 from .master import MasterReports
 from .packet import BlockPacket
 from .steps import BlockSteps
@@ -64,7 +63,7 @@ class ConsensusState:
         model.load_buffers(zbuf)
 
 
-class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
+class Trainer(BlockSteps, CheckpointState, MasterReports):
     def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False, master_ops=None):
         """device_ops: a backend.GpuOps for the workers' compute (the master,
         which has no worker, computes nothing). gpu_buffers (from
@@ -133,7 +132,6 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         self.model.set_input_norm(self.norm_mean, self.norm_std)
         self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
         self.lr_at = optim.LrSchedule(cfg["optim"], self.sched.blocks_per_pass, r["passes"])
-        self._master_setup()
         # block, phase, stop flags, the time limit (only the master watches the
         # clock; the flags carry its stop to all), planted faults
         self.control = RunControl(self.rank, r["time_limit"] if self.rank == 0 else None)
@@ -145,6 +143,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
             per_step=self.A.per_step, watchdog=r["watchdog_s"],
             state_device=self.sdev, gpu_buffers=self.gpu_buffers,
             placement=lifecycle.weakly(self, "_placement_rows"), cfg=cfg)
+        self._master_setup()             # the evaluator and the records
         self.tl = timeline.Off()         # run.timeline: this rank's trace events
         self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]
         self.run_dir = r["dir"]
@@ -329,6 +328,11 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                 f"read the same configuration and the same data")
         return rows
 
+    def _work(self):
+        """The master's useful work while it waits in an Allreduce: a batch
+        of its evaluation (MasterEvaluator.work)."""
+        return self.evaluator.work()
+
     def _placement_rows(self):
         """Every rank's placement row, once the start-up allgather gave them."""
         return getattr(self, "placement", None)
@@ -378,7 +382,8 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
             self._read_history(float("inf") if self.reshape else start)
         # a run that stopped early (run.early_stop) and is run again: its
         # last checkpoint is the stop block, nothing is left to train
-        done = self.is_master and self.evals.early is not None and self.evals.early[0] < start
+        early = self.evaluator.history.early
+        done = self.is_master and early is not None and early[0] < start
         # run.timeline: the master names this job's segment before the bcast,
         # so no rank has opened its file when a fresh start clears old ones
         seg = (timeline.new_segment(self.run_dir, start)
@@ -445,7 +450,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
                 self.opt.lr = self.lr_at(k)
                 p, b, diag = step_fn(k, self._work)
                 rec = self._record(k, p, b, diag, *self._block_times())
-                self._settle_eval()     # what the wait did not finish, or carry it
+                self.evaluator.settle()  # what the wait did not finish, or carry it
                 images += rec["samples"]
                 if not np.isfinite(self.z).all():
                     raise self._diverged(k, "the consensus model z is not finite", "all")
@@ -500,7 +505,7 @@ class Trainer(BlockSteps, CheckpointState, MasterReports, MasterEvaluation):
         every = self.cfg["run"]["checkpoint_every"] or self.sched.blocks_per_pass
         if (k + 1) % every == 0 or last or self.control.stop_agreed:
             if last or self.control.stop_agreed:     # (else its manifest waits for it)
-                self._finish_eval()
+                self.evaluator.finish()
             tc = time.perf_counter()
             self._checkpoint(k)
             t1 = time.perf_counter()

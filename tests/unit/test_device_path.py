@@ -135,7 +135,7 @@ def test_eval_device_auto_evaluates_on_the_workers_gpu(small_dataset, tmp_path, 
     host.run()
     dev = Trainer(cfg(tmp_path / "d", f"run.eval_device={where}"), log=lambda m: None,
                   device_ops=GpuOps(cp=FakeCupy()))
-    assert (dev.eval_model.device_ops is not None) == (where == "auto")
+    assert (dev.evaluator.eval_model.device_ops is not None) == (where == "auto")
     dev.run()
     hv = [(h["block"], h["val_loss"]) for h in host.history if "val_loss" in h]
     dv = [(h["block"], h["val_loss"]) for h in dev.history if "val_loss" in h]

@@ -5,7 +5,7 @@ waits) and carried across as many blocks as it takes (`settle`;
 CarriedEvaluation: the metrics lines behind it and the manifest of a
 checkpoint taken meanwhile wait for its line), the best model it keeps and
 the early stop it decides (EvalHistory). Three parts of their own, built
-from explicit arguments; the trainer's master.MasterReports writes the
+from explicit arguments; the trainer's master.MasterSide writes the
 evaluated line (`_emit`).
 Tests: tests/unit/test_keep_best.py, test_device_path.py (eval_device),
 tests/mpi/test_trainer_mpi.py (the carried evaluation).

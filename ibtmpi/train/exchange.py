@@ -165,3 +165,39 @@ class BlockExchange:
             mpi.abort(1)
         finally:
             os._exit(1)
+
+
+class BlockClock:
+    """Honest block times on this rank. Block k's wall runs from the end of
+    block k-1 to its own end, everything in between included (the first
+    from the start of training); a block ends when its (last) Allreduce
+    returns (exchange.t_reduced), the update after it counted in the next
+    block, so the master's own update does not shift a boundary past the
+    workers' start of their next compute. lap(): block end to block end,
+    the checkpoint included (the watchdog's scale)."""
+
+    def __init__(self, exchange, t_start, stats_start):
+        self.exchange = exchange
+        self.t_boundary, self.stats_boundary = t_start, stats_start
+        self.t_lap = time.perf_counter()
+
+    def block(self):
+        """(wall, master busy, master slack) of the block that just ended:
+        slack the master's sleep in the wait for the workers; busy the rest
+        but the Allreduce itself."""
+        now, st = self.exchange.t_reduced, mpi.STATS
+        wall = now - self.t_boundary
+        d = {k: st[k] - self.stats_boundary.get(k, 0.0) for k in ("wait_s", "work_s", "reduce_s")}
+        slack = max(d["wait_s"] - d["work_s"], 0.0)
+        busy = max(wall - slack - d["reduce_s"], 0.0)
+        self.t_boundary, self.stats_boundary = now, dict(st)
+        return wall, busy, slack
+
+    def lap(self):
+        now = time.perf_counter()
+        d, self.t_lap = now - self.t_lap, now
+        return d
+
+    def tail(self):
+        """Since the last block's end: its checkpoint, metrics, final sync."""
+        return time.perf_counter() - self.t_boundary

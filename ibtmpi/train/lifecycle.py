@@ -244,8 +244,9 @@ class RunControl:
     read it and say what happened through its methods; the signal handlers
     (install_stop_handlers) write only here."""
 
-    def __init__(self, rank, time_limit=None, faults=None):
+    def __init__(self, rank, time_limit=None, faults=None, total=0):
         self.rank = rank
+        self.total = total               # the blocks the run trains to (run.passes)
         self.block, self.phase = -1, "setup"
         self.stop_requested = False      # this rank asks (signal, time limit)
         self.stop_reason = "a signal"
@@ -262,6 +263,11 @@ class RunControl:
 
     def begin_job(self, start):
         self.start_block = start
+
+    def end_at(self, total):
+        """The run ends after `total` blocks (an early stop; or nothing is left
+        to train: total = the start)."""
+        self.total = total
 
     def begin_block(self, k):
         self.block = k
@@ -496,3 +502,45 @@ def lost_rank_text(lost):
             f"launcher ended the job (mpiexec killed, a second Ctrl-C, or hung up by a "
             f"closed terminal: run interactive jobs under nohup, tmux or sbatch)")
 
+
+def agree_at_start(dev, ident, parts, gather):
+    """([(host, pid, BLAS threads, device, CPU ids)] of every rank in rank
+    order, each start-up part at its slowest rank): one allgather at the
+    start, for the start line and summary.json. It also carries what every
+    rank must share, checked here: the same ibtmpi and numpy (every rank
+    computes z itself from the reduced sums), the same configuration and
+    the same data (`ident`: a config file edited while the job started, a
+    stale node-local copy of the data, another venv on one node). A
+    mismatch stops every rank with exit 2. gather: MPI's allgather, or the
+    one process's [x]."""
+    import socket
+
+    import numpy as np
+
+    from .. import __version__
+    from ..config import ConfigError
+    from ..threads import current_blas_threads
+    try:                        # the cores it may run on: a Slurm allocation's,
+        cpus = tuple(sorted(os.sched_getaffinity(0)))     # or one bound core
+    except AttributeError:                                # no affinity API (macOS)
+        cpus = tuple(range(os.cpu_count() or 1))
+    me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev, cpus)
+    ident = {"ibtmpi": __version__, "numpy": np.__version__, **ident}
+    got = gather((me, ident, parts))
+    # each start-up part at its slowest rank (the first block waits for it)
+    slowest = {k: max(g[2].get(k, 0.0) for g in got) for k in parts}
+    got = [g[:2] for g in got]
+    rows = [r for r, _ in got]
+    bad = [(i, k) for i, (_, other) in enumerate(got) for k in ident
+           if other.get(k) != got[0][1].get(k)]
+    if bad:
+        ranks = sorted({i for i, _ in bad})
+        what = sorted({k for _, k in bad})
+        i = ranks[0]
+        eg = ", ".join(f"{k} {got[i][1].get(k)} against {got[0][1].get(k)}" for k in what)
+        raise ConfigError(
+            f"the ranks do not agree at start: rank(s) {ranks} differ from rank 0 in "
+            f"{', '.join(what)} (rank {i} on {rows[i][0]}: {eg}). Every rank must run "
+            f"the same ibtmpi and numpy (one environment on a shared file system), "
+            f"read the same configuration and the same data")
+    return rows, slowest

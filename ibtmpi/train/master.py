@@ -2,7 +2,7 @@
 and the straggler / starvation / memory reports, the start and plan text,
 summary.json. Its evaluation of z (batch by batch in the waits for the
 workers, carried across blocks), the best model and early stop are
-train/evaluation.py's. A mixin of train.trainer.Trainer.
+train/evaluation.py's.
 Tests: tests/unit/test_trainer.py, test_keep_best.py, test_stragglers.py,
 test_dry_run.py, test_status.py.
 """
@@ -29,18 +29,44 @@ from .evaluation import BEST, MasterEvaluator
 from .lifecycle import weakly
 
 
-class MasterReports:
-    def _master_setup(self):
-        """The master's evaluation data and model and its records (every
-        rank has the attributes; only the master fills them)."""
+class MasterSide:
+    """Rank 0's side of a run, built from explicit arguments: its evaluator
+    (MasterEvaluator), the block records (`record`: every rank builds the
+    line the same way), the metrics lines, the run directory's files, the
+    live reports and summary.json. On a worker rank it builds the records
+    and does nothing else. The run's extent (start, total blocks) is the
+    RunControl's; sync the ConsensusState (z, the consensus object, the
+    agreed buffers); ckpt the Checkpointer (the resume's notes); opt the
+    local optimizer (its lr when an algorithm reports none); host(a) a
+    rank array on the host; manifest(k) writes checkpoint k's manifest."""
+
+    def __init__(self, cfg, ds, *, is_master, local, n_workers, simulate, sched, packet,
+                 model, opt, lr_at, sync, ckpt, control, host, eval_ops, norm, manifest,
+                 device_state, single_worker, recipe_set, log):
+        self.cfg, self.ds, self.is_master, self.local = cfg, ds, is_master, local
+        self.n_workers, self.simulate, self.sched, self.packet = n_workers, simulate, sched, packet
+        self.model, self.opt, self.lr_at, self.sync, self.ckpt = model, opt, lr_at, sync, ckpt
+        self.control, self.host, self.log = control, host, log
+        self.device_state, self.single_worker = device_state, single_worker
+        self.recipe_set = recipe_set
+        self.algo, self.run_dir = cfg["algorithm"]["name"], cfg["run"]["dir"]
         self.evaluator = MasterEvaluator(
-            self.cfg, self.ds, is_master=self.is_master, has_workers=bool(self.local),
-            eval_ops=self.eval_ops, host=weakly(self, "_host"), sync=self.sync,
-            norm=(self.norm_mean, self.norm_std), control=self.control,
+            cfg, ds, is_master=is_master, has_workers=bool(local), eval_ops=eval_ops,
+            host=host, sync=sync, norm=norm, control=control,
             save_best=weakly(self, "_save_best"), emit=weakly(self, "_emit"),
-            manifest=weakly(self, "_write_manifest"), span=weakly(self, "_eval_span"))
-        self.metrics_f = None
-        self.history = []
+            manifest=manifest, span=weakly(self, "_eval_span"))
+        self.metrics_f = self.tb = self.bar = self.progress = None
+        self.history = []                # this run's metrics lines (a resume's earlier ones too)
+        self.placement = []              # every rank's row (placed)
+        self.tl = timeline.Off()
+        self._chance_said = self._overshoot_said = False
+
+    def placed(self, rows):
+        """Every rank's placement row, once the start-up allgather gave them."""
+        self.placement = rows
+
+    def trace(self, tl):
+        self.tl = tl
 
     def _save_best(self, params, buffers):
         save_model(os.path.join(self.run_dir, BEST), params, self.model, self.ds, self.cfg,
@@ -49,17 +75,16 @@ class MasterReports:
     def _eval_span(self, t0, t1, k):
         self.tl.span("evaluation", t0, t1, 0, block=k)
 
-    def _start_reports(self, start):
+    def start_reports(self, start):
         """Progress (a bar on a terminal, lines in a batch log), straggler,
         starvation and memory-growth watches, the pending evaluation."""
         r, n = self.cfg["run"], self.n_workers
-        self.bar = None
         if self.is_master and not r["quiet"] and sys.stderr.isatty():
             from tqdm import tqdm
-            self.bar = tqdm(total=self.total_blocks, initial=start, unit="block",
+            self.bar = tqdm(total=self.control.total, initial=start, unit="block",
                             leave=False)
         # no terminal (a batch job's log): a progress line every progress_s
-        self.progress = Progress(self.total_blocks, start, r["progress_s"], self.log) \
+        self.progress = Progress(self.control.total, start, r["progress_s"], self.log) \
             if self.is_master and self.bar is None and not r["quiet"] else None
         self.stragglers = Stragglers(n)
         self.master_late = MasterLate()
@@ -70,22 +95,22 @@ class MasterReports:
         self.starved = Starved([i for i in range(n)
                                 if rows[i + 1 if len(rows) > 1 else 0][3] == "cpu"])
 
-    def _close_reports(self):
+    def close(self):
         if self.bar is not None:
             self.bar.close()
         if self.metrics_f is not None:
             self.metrics_f.flush()
-        if getattr(self, "tb", None) is not None:
+        if self.tb is not None:
             self.tb.close()
             self.tb = None
 
-    def _record(self, k, p, b, diag, wall, busy=0.0, slack=0.0):
+    def record(self, k, p, b, diag, wall, busy=0.0, slack=0.0):
         """Block k's metrics line from the reduced packet (every rank)."""
         pk, n = self.packet, self.n_workers
         loss_sum, cnt, corr = pk.stat("loss_sum"), pk.stat("samples"), pk.stat("correct")
         comp, wait, cpu = pk.reduced("compute"), pk.reduced("wait"), pk.reduced("cpu")
         rss, pool = pk.got("rss"), pk.got("pool")
-        rec = {"block": k, "blocks_total": self.total_blocks, "pass": p,
+        rec = {"block": k, "blocks_total": self.control.total, "pass": p,
                "block_in_pass": b, "algorithm": self.algo,
                "N": n, "train_loss": loss_sum / max(cnt, 1),
                "train_acc": corr / max(cnt, 1), "samples": int(cnt),
@@ -112,12 +137,12 @@ class MasterReports:
                "peak_rss_mib": [round(float(m), 1) for m in rss]}
         if pool.any():
             rec["gpu_pool_mib"] = [round(float(m), 1) for m in pool]
-        note = self._take_change_note()       # the first block of a resume that changed keys
+        note = self.ckpt.take_change_note()       # the first block of a resume that changed keys
         if note:
             rec["config_changed"] = note
         return rec
 
-    def _report_block(self, k, p, b, rec, last):
+    def report_block(self, k, p, b, rec, last):
         """Master, after block k: the live reports, the evaluation of z
         (overlapped with the next block where a worker runs here too: no),
         the metrics line, progress."""
@@ -150,7 +175,7 @@ class MasterReports:
             ev.finish()                 # one evaluation at a time
             self.control.enter("evaluation")
             out = {}
-            ev.carried.start(rec, ev.steps(ev.val, self.z, out), out)
+            ev.carried.start(rec, ev.steps(ev.val, self.sync.z, out), out)
             if self.local or last:      # nothing to overlap with: now
                 ev.finish()
         else:
@@ -164,24 +189,16 @@ class MasterReports:
             for found in self.growth.pass_done(rec):
                 self.log(self._growth_text(p, *found))
 
-    def _end_timeline(self):
-        """The run's last collective (_final_sync); with run.timeline every
-        rank closes its file before it, so the master merges complete files
-        after it, also across nodes on NFS (close-to-open)."""
-        self.tl.close()
-        self._final_sync()
+    def merge_timeline(self):
+        """After the run's last collective (Trainer._end_timeline): the
+        master merges every rank's complete timeline file."""
         if self.is_master and isinstance(self.tl, timeline.Timeline):
             path, n = timeline.merge(self.run_dir, {"run_dir": self.run_dir,
                                                     "algorithm": self.algo})
             self.log(f"timeline: {path} ({n} spans; open in https://ui.perfetto.dev "
                      f"or chrome://tracing)")
 
-    def plan(self):
-        """--dry-run: the lines saying what the run would do (train/plan.py)."""
-        from .plan import plan_lines
-        return plan_lines(self)
-
-    def _read_history(self, start):
+    def read_history(self, start):
         """Master, resuming at `start`: the metrics lines of the blocks the
         checkpoint covers, and from them the best evaluation so far and any
         early stop, as the first attempt saw them."""
@@ -192,7 +209,7 @@ class MasterReports:
             if "val_acc" in rec:
                 self.evaluator.observe(rec, write=False)
 
-    def _open_run_dir(self, start):
+    def open_run_dir(self, start):
         r = self.cfg["run"]
         from ..config import to_toml
         os.makedirs(r["dir"], exist_ok=True)
@@ -203,9 +220,9 @@ class MasterReports:
         if start:
             with open_append(mpath, truncate=True) as f:
                 f.writelines(json.dumps(x) + "\n" for x in self.history)
-            if not self.reshape:              # a reshape said where it continues
+            if not self.ckpt.reshape:              # a reshape said where it continues
                 self.log(f"resuming from {ckpt.ckpt_dir(r['dir'], start - 1)} "
-                         f"({start}/{self.total_blocks} blocks done; next: block {start})")
+                         f"({start}/{self.control.total} blocks done; next: block {start})")
         else:                          # a fresh start: no stale best of another run
             try:
                 os.remove(os.path.join(r["dir"], BEST))
@@ -224,10 +241,10 @@ class MasterReports:
                  f"{self.sched.n} train images, split {self.sched.split_len(0, 0)}"
                  f"{split_note(self.sched)}, "
                  f"batch {self.sched.batch}, {self.sched.blocks_per_pass} blocks/pass, "
-                 f"{self.total_blocks} blocks, model {self.P:,d} parameters")
+                 f"{self.control.total} blocks, model {self.model.size:,d} parameters")
         if self.recipe_set:
             self.log(recipe.describe(self.n_workers, self.recipe_set))
-        if self.n_workers == 1 and not self.A.single_worker:
+        if self.n_workers == 1 and not self.single_worker:
             self.log(f"one worker: this is {self.algo} with N = 1, not the single-worker "
                      f"baseline the docs and benchmarks compare against (plain SGD: "
                      f"--set algorithm.name=sgd)")
@@ -236,12 +253,13 @@ class MasterReports:
                      f"{' ...' if len(self.ds.unchecked) > 3 else ''} in {self.ds.path} have "
                      f"no checksums: a damaged row would be read without an error "
                      f"(re-create the data set with `ibtmpi prep` to add them)")
-        if self.init_note and not start:
-            self.log(f"model.init: {self.init_note}")
+        if self.ckpt.init_note and not start:
+            self.log(f"model.init: {self.ckpt.init_note}")
         if self.lr_at.describe():
             self.log(self.lr_at.describe())
-        outer = (self.cons.describe_outer(self.cfg["algorithm"]["outer_schedule"])
-                 if self.cons is not None else None)
+        cons = self.sync.cons
+        outer = (cons.describe_outer(self.cfg["algorithm"]["outer_schedule"])
+                 if cons is not None else None)
         if outer:
             self.log(outer)
         self.log(placement_text(self.placement))
@@ -252,18 +270,20 @@ class MasterReports:
         if warn:
             self.log(warn)
 
-    def _summary(self, wall, cpu, calls0, bytes0, images):
+    def _summary(self, wall, cpu, calls0, bytes0, images, times):
         """summary.json's figures of this job (the test evaluation's are
-        added by _finish)."""
+        added by finish)."""
         passes = {}
         for h in self.history:             # honest pass times: block ends to block ends
             passes[h["pass"]] = passes.get(h["pass"], 0.0) + h["wall_s"]
-        if passes and self.history[-1]["block"] >= self.start:
+        start = self.control.start_block
+        if passes and self.history[-1]["block"] >= start:
             # the last block's own tail (its checkpoint, metrics) ends the last pass
-            passes[self.history[-1]["pass"]] += getattr(self, "tail_s", 0.0)
-        summary = {"algorithm": self.algo, "N": self.n_workers, "blocks": self.total_blocks,
-                   "parameters": self.P,
-                   "passes": self.total_blocks / self.sched.blocks_per_pass,
+            passes[self.history[-1]["pass"]] += times["tail_s"]
+        total = self.control.total
+        summary = {"algorithm": self.algo, "N": self.n_workers, "blocks": total,
+                   "parameters": self.model.size,
+                   "passes": total / self.sched.blocks_per_pass,
                    "wall_s": wall, "rank0_cpu_s": cpu,
                    "rank0_cpu_share": cpu / wall if wall else 0.0,
                    "rank0_eval_cpu_s": self.evaluator.carried.cpu_s,
@@ -277,14 +297,14 @@ class MasterReports:
                    "world_size": 1 if self.simulate else mpi.world_size(),
                    # wall_s is this process's; a resumed run's blocks before
                    # start ran in earlier ones: their time is in the metrics
-                   "resumed_at_block": self.start,
+                   "resumed_at_block": start,
                    "blocks_wall_s": float(sum(h["wall_s"] for h in self.history)),
                    # launch to the first block (imports, data, model, the
                    # start-up collectives), the last block's own tail (its
                    # checkpoint, metrics), and each pass's blocks summed
-                   "startup_s": round(self.startup_s, 3),
-                   "startup_parts": self.startup_parts,
-                   "tail_s": round(getattr(self, "tail_s", 0.0), 6),
+                   "startup_s": round(times["startup_s"], 3),
+                   "startup_parts": times["startup_parts"],
+                   "tail_s": round(times["tail_s"], 6),
                    "pass_s": [round(passes[p], 6) for p in sorted(passes)],
                    "master_busy_s": float(sum(h.get("master_busy_s", 0.0)
                                               for h in self.history)),
@@ -308,17 +328,22 @@ class MasterReports:
                    "environment": self._environment()}
         return summary
 
-    def _finish(self, t_start, cpu_start, calls0, bytes0, images):
+    def finish(self, t_start, cpu_start, calls0, bytes0, images, times):
+        """summary.json (the master's; the workers' is returned alike),
+        the final test evaluation and model.npz, the closing lines. times:
+        startup_s, startup_parts, tail_s (the last block's own tail)."""
         r = self.cfg["run"]
         wall = time.perf_counter() - t_start
-        summary = self._summary(wall, time.process_time() - cpu_start, calls0, bytes0, images)
-        trained = self.total_blocks - self.start
+        summary = self._summary(wall, time.process_time() - cpu_start, calls0, bytes0, images,
+                                times)
+        total, start = self.control.total, self.control.start_block
+        trained = total - start
         late = self.starved.summary(trained) if self.is_master else None
         if late:               # a run too short for the live report
             self.log(self._starved_text(late, f"{min(self.starved.counts[i] for i in late)} "
                                               f"of the {trained} blocks of this run"))
         done = os.path.join(r["dir"], "summary.json")
-        if self.is_master and self.start >= self.total_blocks and os.path.exists(done):
+        if self.is_master and start >= total and os.path.exists(done):
             # nothing trained: the finished run's summary stays as it was
             with open(done) as f:
                 summary = json.load(f)
@@ -326,12 +351,12 @@ class MasterReports:
             acc = (f" (test accuracy {summary['test_acc']:.4f})"
                    if "test_acc" in summary else "")
             if self.control.early_agreed:
-                self.log(f"{r['dir']} stopped early after block {self.start - 1} "
+                self.log(f"{r['dir']} stopped early after block {start - 1} "
                          f"(run.early_stop){acc}: nothing to train, its summary and model "
                          f"are kept. Use another run.dir to train again")
             else:
-                self.log(f"{r['dir']} already holds {self.start} trained blocks, this run "
-                         f"asks for {self.total_blocks}{acc}: nothing to train, its "
+                self.log(f"{r['dir']} already holds {start} trained blocks, this run "
+                         f"asks for {total}{acc}: nothing to train, its "
                          f"summary and model are kept. Raise run.passes to train on, or "
                          f"use another run.dir")
         elif self.is_master:
@@ -340,23 +365,23 @@ class MasterReports:
             ev = self.evaluator
             if ev.test is not None:
                 out = {}
-                for _ in ev.steps(ev.test, self.z, out):
+                for _ in ev.steps(ev.test, self.sync.z, out):
                     pass
                 summary["test_loss"], summary["test_acc"] = out["loss"], out["acc"]
             summary["final_eval_s"] = round(time.perf_counter() - t_eval, 6)
             last_val = [h for h in self.history if "val_acc" in h]
             if last_val:
                 summary["val_acc"] = last_val[-1]["val_acc"]
-            save_model(os.path.join(r["dir"], "model.npz"), self._host(self.z), self.model,
-                       self.ds, self.cfg, self.zbuf)
+            save_model(os.path.join(r["dir"], "model.npz"), self.host(self.sync.z), self.model,
+                       self.ds, self.cfg, self.sync.zbuf)
             if ev.history.best is not None:
-                summary["best"] = ev.best_summary(summary, self.total_blocks - 1)
+                summary["best"] = ev.best_summary(summary, total - 1)
             early = ev.history.early
             if self.control.early_agreed and early is not None:
-                summary["stopped_early"] = {"after_block": self.total_blocks - 1,
+                summary["stopped_early"] = {"after_block": total - 1,
                                             "reason": early[1]}
                 self.log(f"early stop (run.early_stop): {early[1]}; stopped after "
-                         f"block {self.total_blocks - 1}")
+                         f"block {total - 1}")
             replace_file(done, json.dumps(summary, indent=1))
             self.metrics_f.close()
             if "test_acc" in summary:
@@ -368,12 +393,11 @@ class MasterReports:
             if mem:
                 self.log(mem)
             b = summary.get("best")
-            if b and b["block"] != self.total_blocks - 1:
+            if b and b["block"] != total - 1:
                 self.log(f"best val accuracy {b['val_acc']:.4f} at block {b['block']} (pass "
                          f"{b['pass'] + 1}); final {summary['val_acc']:.4f}"
                          + (f"; {b['file']}: test accuracy {b['test_acc']:.4f}"
                             if "test_acc" in b else ""))
-        self.summary = summary
         return summary
 
     def _emit(self, rec, val):
@@ -387,7 +411,7 @@ class MasterReports:
         if self.tb is not None:
             self.tb.block(rec)
         bpp = self.sched.blocks_per_pass
-        if rec["block_in_pass"] == bpp - 1 or rec["block"] + 1 == self.total_blocks:
+        if rec["block_in_pass"] == bpp - 1 or rec["block"] + 1 == self.control.total:
             blocks = [h for h in self.history if h["pass"] == rec["pass"]]
             loss = sum(h["train_loss"] * h["samples"] for h in blocks) / max(
                 1, sum(h["samples"] for h in blocks))
@@ -406,7 +430,7 @@ class MasterReports:
         too small to move); the run goes on, but says so rather than train
         to the end at chance."""
         chance = np.log(self.ds.n_classes)
-        if p < 1 or getattr(self, "_chance_said", False) or loss < 0.99 * chance:
+        if p < 1 or self._chance_said or loss < 0.99 * chance:
             return
         self._chance_said = True
         self.log(f"warning: pass {p + 1}'s training loss {loss:.4f} is no better than "
@@ -422,8 +446,9 @@ class MasterReports:
         a row to more than 1.5x (and 0.25 over) the lowest block loss so far:
         the outer step overshoots (CNTK warns on its block momentum settings
         for the same reason). The run goes on; the line names the settings."""
-        gain = self.cons.outer_gain() if self.cons is not None else 1.0
-        if gain <= 1.0 or getattr(self, "_overshoot_said", False):
+        cons = self.sync.cons
+        gain = cons.outer_gain() if cons is not None else 1.0
+        if gain <= 1.0 or self._overshoot_said:
             return
         k, warm = rec["block"], self.lr_at.warm
         past = [h["train_loss"] for h in self.history if h["block"] >= warm]

@@ -118,3 +118,57 @@ class BlockPacket:
         allreduce(self.send_d, self.recv_d)
         dev.to_host(self.recv_d[P:], self.recv[P:])
         return self.recv_d[:P]
+
+
+class BlockFlags:
+    """This rank's flag slots of the block's Allreduce (`slots`: 0 for the
+    master, 1 + i for its worker i) and what the summed flags say. writes:
+    the CheckpointWrites whose file the checkpoint bit confirms; early: ()
+    -> the master's early-stop decision (block, ...) or None; confirm(k):
+    checkpoint k is on every rank (the master writes its manifest; None
+    on the workers); diverged(k, what, ranks): the exception a non-finite
+    worker raises; dist: one process per rank (worker i is rank 1 + i)."""
+
+    def __init__(self, packet, control, writes, slots, *, early, confirm, diverged, dist):
+        self.packet, self.control, self.writes, self.slots = packet, control, writes, slots
+        self.early, self.confirm, self.diverged, self.dist = early, confirm, diverged, dist
+
+    def mark(self, ckpt=True):
+        """This rank's slots for the coming Allreduce; ckpt=False leaves the
+        checkpoint's bit to checkpoint_written, after the compute."""
+        if ckpt:
+            self.writes.join()           # is the last checkpoint's file complete?
+        fl = self.packet.out("flags")
+        early = self.early()             # the master's decision (None elsewhere)
+        for j in self.slots:
+            v = 0
+            if self.control.stop_requested:
+                v |= FLAG_STOP
+            if ckpt and self.writes.pending is not None:
+                v |= FLAG_CKPT
+            if early is not None and self.control.block >= early[0]:
+                v |= FLAG_EARLY
+            fl[j] = v
+
+    def checkpoint_written(self):
+        """Right before the block's Allreduce: wait for the last checkpoint's
+        write (it ran while this block computed) and say it is complete."""
+        self.writes.join()
+        if self.writes.pending is not None:
+            fl = self.packet.out("flags")
+            for j in self.slots:
+                fl[j] += FLAG_CKPT
+
+    def check(self, k):
+        """After block k's Allreduce: confirm the previous checkpoint (it was
+        good when written), raise for a non-finite worker, agree on a stop."""
+        f = self.packet.rflags()
+        if self.writes.pending is not None:
+            done = self.writes.settle((f & FLAG_CKPT).all())
+            if done is not None and self.confirm is not None:
+                self.confirm(done)
+        bad = [j - 1 for j in range(1, len(f)) if f[j] & FLAG_NONFINITE]
+        if bad:
+            ranks = [b + 1 for b in bad] if self.dist else [0]
+            raise self.diverged(k, f"non-finite loss or model on worker(s) {bad}", ranks)
+        self.control.agree(stop=(f & FLAG_STOP).any(), early=(f & FLAG_EARLY).any())

@@ -20,8 +20,8 @@ def plan_lines(t):
     schedule and the traffic. Every rank must call it; the master gets
     the lines to print, the workers []."""
     lock = runlock.probe(t.run_dir) if t.is_master else None
-    t.placement = t._placement()
-    start = t._restore(dry=True)
+    t.place()
+    start = t.ckpt.restore(dry=True)
     if not (t.simulate or mpi.world_size() == 1):
         mpi.allgather(None)        # every rank got this far: only then "would start"
     if not t.is_master:
@@ -39,15 +39,16 @@ def plan_lines(t):
     per_pass = s.steps_per_pass() if t.A.per_step else s.blocks_per_pass
     mib = t.packet.size * 4 / 2**20
     every = r["checkpoint_every"] or s.blocks_per_pass
-    if start and t.reshape:
-        resume = (f"continue {ckpt.ckpt_dir(t.run_dir, t.reshape['block'])} of "
-                  f"{t.reshape['from_n']} worker(s) with {t.n_workers} at block {start} of "
+    rs = t.ckpt.reshape
+    if start and rs:
+        resume = (f"continue {ckpt.ckpt_dir(t.run_dir, rs['block'])} of "
+                  f"{rs['from_n']} worker(s) with {t.n_workers} at block {start} of "
                   f"{t.total_blocks} (run.resume = reshape)")
     elif start:
         resume = (f"resume from {ckpt.ckpt_dir(t.run_dir, start - 1)} "
                   f"({start}/{t.total_blocks} blocks done; next: block {start})")
     else:
-        resume = "start from block 0" + (f", {t.init_note}" if t.init_note else "")
+        resume = "start from block 0" + (f", {t.ckpt.init_note}" if t.ckpt.init_note else "")
     warn = oversubscription_text(t.placement)
     outer = (t.cons.describe_outer(t.cfg["algorithm"]["outer_schedule"])
              if t.cons is not None else None)

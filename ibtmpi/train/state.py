@@ -9,7 +9,8 @@ and optimizer state as ``params`` and ``opt_<key>``. Nothing here lists a
 buffer by name. The master confirms a checkpoint in its manifest only
 when every rank's flag says its file was written (the next block's
 Allreduce, or the final sync).
-A mixin of train.trainer.Trainer.
+What a checkpoint holds of the sync between workers comes from its part
+(steps.py); the block's flags (packet.py) say when every rank wrote its file.
 Tests: tests/unit/test_checkpoint.py, test_init.py, tests/mpi/test_trainer_mpi.py.
 """
 from __future__ import annotations
@@ -71,70 +72,66 @@ class CheckpointWrites:
         return k if every_rank_wrote else None
 
 
-class CheckpointState:
-    def _identities(self, cfg):
-        """What a checkpoint's manifest names: the configuration's digest,
-        the data's (dataset.json, wherever it lives; on the master also what
-        the shards hold, sampled rows, which a resume checks) and whose
-        checkpoints these are (the run id: the master's, a fresh one or the
-        resumed run's, sent with the resume candidates; every rank file
-        carries it). And the resume's record, before any resume."""
+class Checkpointer:
+    """This rank's checkpoints and the run's resume: what it writes (asked
+    from the sync part, steps.py), the manifests, the choice and the read
+    of a checkpoint to resume from, model.init. It holds what a manifest
+    names: the configuration's digest, the data's (dataset.json, wherever
+    it lives; on the master also what the shards hold, sampled rows, which
+    a resume checks) and whose checkpoints these are (the run id: the
+    master's, a fresh one or the resumed run's, sent with the resume
+    candidates; every rank file carries it). put(dst, src): a host array
+    into this rank's state arrays; diverged(k, what, ranks): the exception
+    for a non-finite z."""
+
+    def __init__(self, cfg, ds, *, rank, is_master, n_workers, local, simulate, comm, sched,
+                 packet, blocks, sync, model, norm, writes, control, put, log, diverged):
+        self.cfg, self.ds, self.rank, self.is_master = cfg, ds, rank, is_master
+        self.n_workers, self.local, self.simulate, self.comm = n_workers, local, simulate, comm
+        self.sched, self.packet, self.blocks = sched, packet, blocks
+        self.sync, self.model, self.norm_mean, self.norm_std = sync, model, *norm
+        self.writes, self.control, self._put, self.log = writes, control, put, log
+        self.diverged = diverged
+        self.algo, self.run_dir = cfg["algorithm"]["name"], cfg["run"]["dir"]
         self.cfg_hash = run_hash(cfg)
-        self.data_fp = digest(self.ds.meta)
-        self.data_content = self.ds.content_digest() if self.is_master else None
-        self.run_id = ckpt.new_run_id() if self.is_master else None
+        self.data_fp = digest(ds.meta)
+        self.data_content = ds.content_digest() if is_master else None
+        self.run_id = ckpt.new_run_id() if is_master else None
         self.resume_changes = []         # tunable keys this resume changed: (key, old, new)
         self.reshape = None              # run.resume = reshape: the checkpoint's count, pass
         self.changed_before = []         # every resume's changes so far (the manifests')
         self.pending_change = None       # their text, for the first block's metrics line
         self.init_note = ""              # model.init: where the start came from
+        self.ckpt_ids = {}
 
-    def _take_change_note(self):
+    def take_change_note(self):
         """The text of the settings this resume changed, once: for the
         first block's metrics line (None after, or without a change)."""
         note, self.pending_change = self.pending_change, None
         return note
 
-    def _state_spec(self):
-        """{name: (shape, dtype)} of this rank's checkpoint arrays."""
-        spec = {}
-        if self.is_master and self.cons is not None:
-            spec.update(self.cons.state_spec())
+    def state_spec(self):
+        """{name: (shape, dtype)} of this rank's checkpoint arrays: what the
+        sync part (steps.py) keeps, the agreed buffers on the master."""
+        spec = dict(self.blocks.master_spec()) if self.is_master else {}
         if self.is_master and self.packet.B:         # the agreed buffers (BatchNorm's)
             spec["zbuf"] = ((self.packet.B,), np.float32)
-        if self.A.per_step:
-            spec["params"] = ((self.P,), np.float32)
-            spec.update({f"opt_{k}": v for k, v in self.opt.state_spec().items()})
-        for i in self.local:
-            if self.cons is not None:
-                spec.update({f"{k}_{i}": v for k, v in self.cons.worker_spec().items()})
-            if not self.A.per_step:
-                spec.update({f"{k}_{i}": v for k, v in self.opt.state_spec().items()})
+        spec.update(self.blocks.rank_spec())
         return spec
 
-    def _state_arrays(self):
-        a = {}
-        if self.is_master and self.cons is not None:     # host copies (device_state)
-            a.update({k: self._host(v) for k, v in self.cons.state().items()})
+    def state_arrays(self):
+        a = dict(self.blocks.master_arrays()) if self.is_master else {}
         if self.is_master and self.packet.B:
-            a["zbuf"] = self.zbuf
-        if self.A.per_step:
-            a["params"] = self._host(self.model.params)
-            a.update({f"opt_{k}": self._host(v) for k, v in self.opt.state().items()})
-        for i in self.local:
-            if self.cons is not None:
-                a.update({f"{k}_{i}": self._host(v)
-                          for k, v in self.cons.worker_state(self.states[i]).items()})
-            if not self.A.per_step:
-                own = (self.opt_states[i] if len(self.local) > 1 else
-                       {k: self._host(v) for k, v in self.opt.state().items()})
-                a.update({f"{k}_{i}": v for k, v in own.items()})
+            a["zbuf"] = self.sync.zbuf
+        a.update(self.blocks.rank_arrays())
         return a
 
-    def _checkpoint(self, k):
+    def write(self, k):
+        """Start writing checkpoint k (this rank's file) while the next block
+        computes."""
         self.control.enter("checkpoint")
-        if not np.isfinite(self.z).all():
-            raise self._diverged(k, "the consensus model is not finite (not checkpointing "
+        if not np.isfinite(self.sync.z).all():
+            raise self.diverged(k, "the consensus model is not finite (not checkpointing "
                                     "it)", "all")
         self.control.faults.disk_full(self.rank, k, os.path.join(   # injected full disk (tests)
             ckpt.ckpt_dir(self.run_dir, k), ckpt.rank_file(self.rank)))
@@ -142,18 +139,11 @@ class CheckpointState:
         # copies now (the state moves on with the next block), written by a
         # thread while the next block computes; joined before that block's
         # flags say whether this rank's file is complete
-        arrays = {name: np.array(a, copy=True) for name, a in self._state_arrays().items()}
+        arrays = {name: np.array(a, copy=True) for name, a in self.state_arrays().items()}
         arrays["stamp"] = np.array(ckpt.stamp(self.run_id, k))   # whose file this is
         self.writes.start(k, arrays)
 
-    def _manifest(self, k):
-        """Confirm checkpoint k: its manifest, once every metrics line up to
-        block k is written. While an evaluation is carried across the
-        waits (MasterEvaluator.settle) the lines behind it are not, so
-        the manifest waits for it (a resume from k finds lines 0..k)."""
-        self.evaluator.carried.confirm(k)
-
-    def _write_manifest(self, k):
+    def write_manifest(self, k):
         world = 1 if self.simulate else mpi.world_size()
         ckpt.write_manifest(self.run_dir, k, {
             "config_hash": self.cfg_hash, "config": hashed_config(self.cfg),
@@ -166,9 +156,10 @@ class CheckpointState:
             "changed": self.changed_before},
             keep=self.cfg["run"]["keep_checkpoints"])
 
-    def _final_sync(self):
+    def final_sync(self, confirm):
         """One small collective after the run's last checkpoint, so the
-        master writes its manifest only when every rank has its file."""
+        master confirms it (confirm(k): its manifest) only when every rank
+        has its file."""
         self.writes.join()
         if self.writes.pending is None:
             return
@@ -181,7 +172,7 @@ class CheckpointState:
         mpi.allreduce_sum(send, recv, self.comm, count=False)
         k = self.writes.settle((recv.astype(np.int64) & FLAG_CKPT).all())
         if k is not None and self.is_master:
-            self._manifest(k)
+            confirm(k)
 
     def _resume_candidates(self):
         """Complete checkpoints to resume from, newest first ([]: start
@@ -283,7 +274,7 @@ class CheckpointState:
             return [k]              # the newest readable one; another count's files
         return done[::-1]
 
-    def _restore(self, dry=False):
+    def restore(self, dry=False):
         """Block to start from: 0, or one past the newest complete checkpoint
         that every rank can read. Under MPI rank 0 lists the candidates and
         broadcasts them (a rank with a stale view of the run directory, NFS
@@ -363,8 +354,8 @@ class CheckpointState:
         self.changed_before = self.changed_before + [{"block": start, "changes": text}]
         self.pending_change = text
         rho = dict((k, b) for k, _, b in self.resume_changes).get("algorithm.rho")
-        if rho is not None and self.cons is not None:
-            self.cons.set_rho(float(rho), [self.states[i] for i in self.local])
+        if rho is not None:
+            self.blocks.set_rho(float(rho))
 
     def _load_reshaped(self, where, want):
         path = os.path.join(where, ckpt.rank_file(0))
@@ -373,18 +364,7 @@ class CheckpointState:
         if self.packet.B:
             self.sync.set_buffers(ckpt.read_rank(path, {"zbuf": ((self.packet.B,), np.float32)}
                                                  )["zbuf"].copy(), self.model)
-        if self.A.per_step:                 # ssgd: the model and its optimizer are
-            spec = {"params": ((self.P,), np.float32)}     # the same on every rank
-            spec.update({f"opt_{k_}": v for k_, v in self.opt.state_spec().items()})
-            st = ckpt.read_rank(path, spec)
-            self.model.params[...] = self._dev(st["params"])
-            self.opt.load({k_: st[f"opt_{k_}"] for k_ in self.opt.state_spec()})
-            self.z[...] = st["params"]
-            return
-        self.cons.load(ckpt.read_rank(path, self.cons.state_spec()), self._put)
-        U = getattr(self.cons, "U", None)
-        if U is not None:                   # the duals start afresh: so does their sum
-            U.fill(0)
+        self.blocks.load_reshaped(ckpt.read_rank(path, self.blocks.reshaped_spec()), self._put)
 
     def _init_from_model(self, dist):
         """model.init, for a run that starts at block 0: w of every worker
@@ -414,13 +394,8 @@ class CheckpointState:
                 f"model.init: rank(s) {other} read another model from {path} than rank "
                 f"0 (another file at that path on their node?); every rank must start "
                 f"from the same z"))
-        z = t.model.params                 # float32 on the host (load_trained)
-        self.model.params[...] = self._dev(z)
         self.sync.set_buffers(np.array(t.model.buffers, np.float32), self.model)
-        if self.A.per_step:
-            self.z[...] = z
-        else:
-            self.sync.restart(self._new_consensus())
+        self.blocks.start_from(t.model.params)     # float32 on the host (load_trained)
         notes = list(getattr(t, "notes", []))
         if t.mean is None:
             notes.append("the file names no input normalisation: this run normalises as "
@@ -489,19 +464,14 @@ class CheckpointState:
         count a pass has another number of blocks), said in one line."""
         rs = self.reshape
         start = int(round(rs["passes_done"] * self.sched.blocks_per_pass))
-        start = min(max(start, 1), self.total_blocks) if self.total_blocks else start
-        what = ("the consensus model z and its outer state (block momentum, start "
-                "point), BatchNorm's statistics, the learning-rate schedule's position"
-                if not self.A.per_step else
-                "the model and its optimizer state, BatchNorm's statistics, the "
-                "learning-rate schedule's position")
-        fresh = ("each worker's dual and local optimizer state start at zero"
-                 if not self.A.per_step else "nothing is per worker")
+        total = self.control.total
+        start = min(max(start, 1), total) if total else start
+        what, fresh = self.blocks.carried, self.blocks.fresh
         self.log(f"{'would continue' if dry else 'continuing'} "
                  f"{ckpt.ckpt_dir(self.run_dir, rs['block'])} of {rs['from_n']} worker(s) "
                  f"in {rs['from_world']} process(es) with {self.n_workers} worker(s) "
                  f"(run.resume = reshape) at pass {rs['passes_done']:g}, block {start} of "
-                 f"{self.total_blocks}: carried {what}; {fresh}; the data is split anew")
+                 f"{total}: carried {what}; {fresh}; the data is split anew")
         return start
 
     def _load_state(self, k, run_id=None, reshape=False):
@@ -516,26 +486,11 @@ class CheckpointState:
         if run_id is not None:
             for r in sorted({0, self.rank}):
                 ckpt.check_stamp(os.path.join(where, ckpt.rank_file(r)), ckpt.stamp(run_id, k))
-        if self.cons is not None:
-            self.cons.load(ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)),
-                                          self.cons.state_spec()), self._put)
+        spec0 = self.blocks.master_spec()     # the consensus state: the master's file
+        master = ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)), spec0) if spec0 else {}
         mine = ckpt.read_rank(os.path.join(where, ckpt.rank_file(self.rank)),
-                              self._state_spec())
+                              self.state_spec())
         if self.packet.B:                             # every rank: the master's copy
             self.sync.set_buffers(ckpt.read_rank(os.path.join(where, ckpt.rank_file(0)), {
                 "zbuf": ((self.packet.B,), np.float32)})["zbuf"].copy(), self.model)
-        opt_keys = list(self.opt.state_spec())
-        if self.A.per_step:
-            self.model.params[...] = self._dev(mine["params"])
-            self.opt.load({k_: mine[f"opt_{k_}"] for k_ in opt_keys})
-            self.z[...] = mine["params"]
-            return
-        new = self._dev if self.device_state else (lambda a: a.copy())
-        for i in self.local:
-            ws = self.states[i]
-            self.cons.worker_load(ws, {k_: mine[f"{k_}_{i}"]
-                                       for k_ in self.cons.worker_spec()}, new)
-            for k_ in opt_keys:
-                np.copyto(self.opt_states[i][k_], mine[f"{k_}_{i}"])
-            if len(self.local) == 1:
-                self.opt.load({k_: mine[f"{k_}_{i}"] for k_ in opt_keys})
+        self.blocks.load(master, mine, self._put)

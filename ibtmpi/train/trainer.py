@@ -8,18 +8,22 @@ in one process: the same per-worker code, their packed buffers summed in
 rank order instead of by MPI.
 
 Per block ONE packed Allreduce (packet.py; ``ssgd``: one per minibatch),
-then every rank applies the same consensus update. The parts, one concern
-each: steps.py (one block on this rank's workers), state.py (checkpoints,
-resume, model.init), master.py (rank 0's evaluation, metrics, reports),
-lifecycle.py (RunControl: block, phase, stop flags, time limit, faults; signals, profile), entry.py (the launch
-and exit statuses). The algorithm, the optimizer and the layers come from
+then every rank applies the same consensus update. The Trainer wires
+parts built from explicit arguments, one concern each (docs/architecture.md):
+WorkerGroup (workers.py: model, optimizer, loaders), BlockSync or StepSync
+(steps.py: the sync between workers, chosen once), BlockPacket and
+BlockFlags (packet.py), BlockExchange and BlockClock (exchange.py: the
+Allreduce, its watchdog, honest block times), Checkpointer (state.py:
+checkpoints, resume, model.init), MasterSide (master.py: rank 0's records,
+reports, evaluation), RunControl (lifecycle.py: block, phase, extent, stop
+flags, time limit, faults); entry.py launches it and maps every ending to
+an exit status. The algorithm, the optimizer and the layers come from
 their registries (consensus/, optim/, layers/); nothing here names one.
 Tests: tests/unit/test_trainer.py (simulator), tests/mpi/test_trainer_mpi.py.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import numpy as np
@@ -34,13 +38,15 @@ from ..loader import WorkerData
 from ..model import Model
 from ..schedule import Schedule, split_size_for
 from . import lifecycle
+from .lifecycle import weakly
 from ..errors import Preempted
-from .exchange import BlockExchange
-from .state import CheckpointState, CheckpointWrites
+from .exchange import BlockClock, BlockExchange
+from .state import Checkpointer, CheckpointWrites
 from .lifecycle import RunControl
-from .master import MasterReports
-from .packet import BlockPacket
-from .steps import BlockSteps
+from .master import MasterSide
+from .packet import BlockFlags, BlockPacket
+from .steps import BlockSync, StepSync, diverged
+from .workers import WorkerGroup, host_fn, put_fn
 
 
 class ConsensusState:
@@ -63,7 +69,7 @@ class ConsensusState:
         model.load_buffers(zbuf)
 
 
-class Trainer(BlockSteps, CheckpointState, MasterReports):
+class Trainer:
     def __init__(self, cfg, log=print, device_ops=None, gpu_buffers=False, master_ops=None):
         """device_ops: a backend.GpuOps for the workers' compute (the master,
         which has no worker, computes nothing). gpu_buffers (from
@@ -108,21 +114,24 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         # upload) and normalise them on the device (kernels/input.cu); under
         # the block algorithms through a feed (gpu_feed: pinned memory, a
         # copy stream, the augmentation on the device too)
-        self.feeds = {}
+        feeds = {}
         if self.dev is not None and not self.A.per_step:
             from ..gpu_feed import DeviceFeed
             last = self.sched.blocks_per_pass - 1
             copy = self.dev.cp.cuda.Stream(non_blocking=True)
-            self.feeds = {i: DeviceFeed(self.dev, max(self.sched.split_len(i, 0),
-                                                      self.sched.split_len(i, last)),
-                                        self.ds.image_shape, copy)
-                          for i in self.local}
-        self.loaders = {i: WorkerData(tr, self.sched, i, self.norm_mean, self.norm_std,
-                                      d["augment"], d["seed"], d["cache"],
-                                      raw=self.dev is not None,
-                                      device_aug=i in self.feeds,
-                                      stage=self.feeds[i].stage if i in self.feeds else None)
-                        for i in self.local}
+            feeds = {i: DeviceFeed(self.dev, max(self.sched.split_len(i, 0),
+                                                 self.sched.split_len(i, last)),
+                                   self.ds.image_shape, copy)
+                     for i in self.local}
+        loaders = {i: WorkerData(tr, self.sched, i, self.norm_mean, self.norm_std,
+                                 d["augment"], d["seed"], d["cache"],
+                                 raw=self.dev is not None,
+                                 device_aug=i in feeds,
+                                 stage=feeds[i].stage if i in feeds else None)
+                   for i in self.local}
+        # this rank's workers: model, optimizer, loaders, feeds
+        self.workers = WorkerGroup(self.local, self.model, self.opt, loaders, feeds, self.dev,
+                                   self._w_host, d["batch"])
         self.startup_parts.update({"model": t2 - t1,        # data: open + cache fill
                                    "data": (t1 - t0) + (time.perf_counter() - t2)})
         if self.dev is not None:
@@ -130,11 +139,12 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
             set_gpu_math(self.dev.cp, r["gpu_math"])
             self.model.use_graphs(r["cuda_graphs"], self.log)
         self.model.set_input_norm(self.norm_mean, self.norm_std)
-        self.total_blocks = max(1, math.ceil(r["passes"] * self.sched.blocks_per_pass))
         self.lr_at = optim.LrSchedule(cfg["optim"], self.sched.blocks_per_pass, r["passes"])
-        # block, phase, stop flags, the time limit (only the master watches the
-        # clock; the flags carry its stop to all), planted faults
-        self.control = RunControl(self.rank, r["time_limit"] if self.rank == 0 else None)
+        # block, phase, the run's extent, stop flags, the time limit (only the
+        # master watches the clock; the flags carry its stop to all), faults
+        self.control = RunControl(self.rank, r["time_limit"] if self.rank == 0 else None,
+                                  total=max(1, math.ceil(r["passes"]
+                                                         * self.sched.blocks_per_pass)))
         self.writes = CheckpointWrites(r["dir"], self.rank, self.control)
         # the block's one Allreduce and its watchdog
         self.exchange = BlockExchange(
@@ -143,11 +153,84 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
             per_step=self.A.per_step, watchdog=r["watchdog_s"],
             state_device=self.sdev, gpu_buffers=self.gpu_buffers,
             placement=lifecycle.weakly(self, "_placement_rows"), cfg=cfg)
-        self._master_setup()             # the evaluator and the records
+        self.run_dir = r["dir"]
         self.tl = timeline.Off()         # run.timeline: this rank's trace events
         self._lane = 0 if self.is_master or not self.local else 1 + self.local[0]
-        self.run_dir = r["dir"]
-        self._identities(cfg)            # and what a resume finds (state.py)
+        self._wire_parts(cfg)
+
+    def _wire_parts(self, cfg):
+        """The flags, the sync between workers, the checkpointer and the
+        master's side, each from explicit arguments."""
+        # this rank's flag slots of the Allreduce, and the sync between workers:
+        # per block (the algorithm's consensus) or per step (ssgd), chosen once
+        self.flags = BlockFlags(
+            self.packet, self.control, self.writes,
+            ([0] if self.is_master else []) + [1 + i for i in self.local],
+            early=weakly(self, "_early"),
+            confirm=weakly(self, "_manifest") if self.is_master else None,
+            diverged=weakly(self, "_diverged"), dist=self.dist)
+        parts = (self.workers, self.sync, self.packet, self.exchange, self.flags,
+                 self.control, self.sched, self.lr_at)
+        common = dict(n_workers=self.n_workers, lane=self._lane, host=host_fn(self._ops),
+                      device_state=self.device_state, writes=self.writes)
+        if self.A.per_step:
+            self.blocks = StepSync(*parts, **common)
+        else:
+            self.blocks = BlockSync(
+                *parts, **common, zeros=self.sdev.cp.zeros if self.device_state else np.zeros,
+                seed=cfg["data"]["seed"], outer_schedule=cfg["algorithm"]["outer_schedule"],
+                new_consensus=weakly(self, "_new_consensus"), comm=self.comm, log=self.log)
+        # checkpoints, the resume and model.init (state.py)
+        self.ckpt = Checkpointer(
+            cfg, self.ds, rank=self.rank, is_master=self.is_master, n_workers=self.n_workers,
+            local=self.local, simulate=self.simulate, comm=self.comm, sched=self.sched,
+            packet=self.packet, blocks=self.blocks,
+            sync=self.sync, model=self.model, norm=(self.norm_mean, self.norm_std),
+            writes=self.writes, control=self.control, put=put_fn(self._ops), log=self.log,
+            diverged=weakly(self, "_diverged"))
+        # rank 0's evaluation, records, reports and files (every rank builds the records)
+        self.master = MasterSide(
+            cfg, self.ds, is_master=self.is_master, local=self.local,
+            n_workers=self.n_workers, simulate=self.simulate, sched=self.sched,
+            packet=self.packet, model=self.model, opt=self.opt, lr_at=self.lr_at,
+            sync=self.sync, ckpt=self.ckpt, control=self.control, host=host_fn(self._ops),
+            eval_ops=self.eval_ops, norm=(self.norm_mean, self.norm_std),
+            manifest=self.ckpt.write_manifest, device_state=self.device_state,
+            single_worker=self.A.single_worker, recipe_set=self.recipe_set, log=self.log)
+
+    @property
+    def total_blocks(self):
+        """The blocks this run trains to (RunControl)."""
+        return self.control.total
+
+    @property
+    def start(self):
+        """This job's first block."""
+        return self.control.start_block
+
+    @property
+    def evaluator(self):
+        return self.master.evaluator
+
+    @property
+    def history(self):
+        """The run's metrics lines so far (MasterSide)."""
+        return self.master.history
+
+    def _early(self):
+        """The master's early-stop decision (block, reason), or None."""
+        return self.master.evaluator.history.early
+
+    def plan(self):
+        """--dry-run: the lines saying what the run would do (train/plan.py)."""
+        from .plan import plan_lines
+        return plan_lines(self)
+
+    def place(self):
+        """The start-up allgather (_placement): every rank's row, kept."""
+        self.placement = self._placement()
+        self.master.placed(self.placement)
+        return self.placement
 
     def _roles(self, simulate):
         """Who this process is: n_workers, its local workers, master or not."""
@@ -202,11 +285,6 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
                         else None)
         cons = None if self.A.per_step else self._new_consensus()
         zeros = self.sdev.cp.zeros if self.device_state else np.zeros
-        self.states = ({} if cons is None else
-                       {i: cons.new_worker(P, self.model.dtype, zeros) for i in self.local})
-        # each local worker's optimizer state between its blocks (host)
-        self.opt_states = {i: {k: np.zeros(s, dt) for k, (s, dt) in
-                               self.opt.state_spec().items()} for i in self.local}
         self.packet = BlockPacket(P, self.n_workers, host_empty,
                                   zeros if self.device_state else None,
                                   B=self.model.n_buffers)
@@ -268,20 +346,20 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
 
     def _host(self, a):
         """a on the host (a itself where it is there already)."""
-        ops = self._ops
-        return a if ops is None or not ops.on_device(a) else ops.asnumpy(a)
+        return host_fn(self._ops)(a)
 
     def _put(self, dst, src):
         """Copy host array src into dst (a host or, with device_state, a device
         array)."""
-        ops = self._ops
-        if ops is None or not ops.on_device(dst):
-            np.copyto(dst, src)
-        else:
-            ops.to_device(src, dst)
+        put_fn(self._ops)(dst, src)
 
-    def _dev(self, a):
-        return a if self.dev is None else self.dev.asarray(a)
+    def _diverged(self, k, what, ranks):
+        """Diverged for block k (steps.diverged), after the evaluation in
+        flight: a checkpoint confirmed behind it gets its manifest."""
+        self.evaluator.finish()
+        return diverged(k, what, ranks, run_dir=self.run_dir, lr=self.cfg["optim"]["lr"],
+                        rho=self.cfg["algorithm"]["rho"], uses_rho=self.A.uses_rho,
+                        world=1 if self.simulate else mpi.world_size())
 
     @property
     def dist(self):
@@ -289,44 +367,21 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         return not (self.simulate or mpi.world_size() == 1)
 
     def _placement(self):
-        """[(host, pid, BLAS threads, device, CPU ids)] of every rank, rank order: one
-        allgather at the start, for the start line and summary.json. It
-        also carries what every rank must share, checked here: the same
-        ibtmpi and numpy (every rank computes z itself from the reduced
-        sums), the same configuration and the same data (a config file
-        edited while the job started, a stale node-local copy of the data,
-        another venv on one node). A mismatch stops every rank with exit 2."""
-        import socket
-        from .. import __version__
-        from ..threads import current_blas_threads
+        """Every rank's placement row, and the start-up parts at their
+        slowest rank (agree_at_start)."""
         dev = "-" if not self.local else (
             "cpu" if self.dev is None else f"gpu {self.dev.device_id()}")
-        try:                        # the cores it may run on: a Slurm allocation's,
-            cpus = tuple(sorted(os.sched_getaffinity(0)))     # or one bound core
-        except AttributeError:                                # no affinity API (macOS)
-            cpus = tuple(range(os.cpu_count() or 1))
-        me = (socket.gethostname(), os.getpid(), current_blas_threads(), dev, cpus)
-        ident = {"ibtmpi": __version__, "numpy": np.__version__,
-                 "configuration": self.cfg_hash, "dataset": self.data_fp}
-        parts = self.startup_parts
-        got = mpi.allgather((me, ident, parts)) if self.dist else [(me, ident, parts)]
-        # each start-up part at its slowest rank (the first block waits for it)
-        self.startup_parts = {k: max(g[2].get(k, 0.0) for g in got) for k in parts}
-        got = [g[:2] for g in got]
-        rows = [r for r, _ in got]
-        bad = [(i, k) for i, (_, other) in enumerate(got) for k in ident
-               if other.get(k) != got[0][1].get(k)]
-        if bad:
-            ranks = sorted({i for i, _ in bad})
-            what = sorted({k for _, k in bad})
-            i = ranks[0]
-            eg = ", ".join(f"{k} {got[i][1].get(k)} against {got[0][1].get(k)}" for k in what)
-            raise ConfigError(
-                f"the ranks do not agree at start: rank(s) {ranks} differ from rank 0 in "
-                f"{', '.join(what)} (rank {i} on {rows[i][0]}: {eg}). Every rank must run "
-                f"the same ibtmpi and numpy (one environment on a shared file system), "
-                f"read the same configuration and the same data")
+        rows, self.startup_parts = lifecycle.agree_at_start(
+            dev, {"configuration": self.ckpt.cfg_hash, "dataset": self.ckpt.data_fp},
+            self.startup_parts, mpi.allgather if self.dist else (lambda x: [x]))
         return rows
+
+    def _manifest(self, k):
+        """Confirm checkpoint k: its manifest, once every metrics line up to
+        block k is written. While an evaluation is carried across the
+        waits (MasterEvaluator.settle) the lines behind it are not, so
+        the manifest waits for it (a resume from k finds lines 0..k)."""
+        self.evaluator.carried.confirm(k)
 
     def _work(self):
         """The master's useful work while it waits in an Allreduce: a batch
@@ -371,15 +426,16 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         r = self.cfg["run"]
         lost = (lifecycle.lost_rank(self.run_dir)         # the previous job's, before
                 if self.is_master and self.dist else None)  # this one's watchers start
-        self.placement = self._placement()
+        self.place()
         if self.dist:
             self.lifeline = lifecycle.Lifeline(self.run_dir, self.rank, self.placement[self.rank][0])
         if lost:
             self.log(f"the previous job in {self.run_dir} ended when "
                      f"{lifecycle.lost_rank_text(lost)}")
-        start = self.start = self._restore()
+        start = self.ckpt.restore()
+        self.control.begin_job(start)
         if self.is_master and start:            # reshaped: every line of the run so far
-            self._read_history(float("inf") if self.reshape else start)
+            self.master.read_history(float("inf") if self.ckpt.reshape else start)
         # a run that stopped early (run.early_stop) and is run again: its
         # last checkpoint is the stop block, nothing is left to train
         early = self.evaluator.history.early
@@ -391,82 +447,73 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
         if self.dist:
             done, seg = mpi.bcast((done, seg))
         if done:
-            self.total_blocks = start
+            self.control.end_at(start)
             self.control.agree(stop=False, early=True)
         if self.is_master:
-            self._open_run_dir(start)
-        self._start_reports(start)
+            self.master.open_run_dir(start)
+        self.master.start_reports(start)
         return start, seg
 
-    def _startup_line(self):
+    def _startup_line(self, startup_s):
         """Launch to training, split (each part at its slowest rank; the
         rest: the ranks' agreement, placement and resume)."""
         parts = self.startup_parts
-        rest = max(self.startup_s - sum(parts.values()), 0.0)
+        rest = max(startup_s - sum(parts.values()), 0.0)
         self.startup_parts = {**{k: round(v, 3) for k, v in parts.items()},
                               "agreement and resume": round(rest, 3)}
         if self.is_master:
-            self.log(f"start-up {self.startup_s:.1f} s: " + ", ".join(
+            self.log(f"start-up {startup_s:.1f} s: " + ", ".join(
                 f"{k} {v:.1f} s" for k, v in self.startup_parts.items()))
 
     def _warm_up_and_trace(self, start, seg):
         """algorithm.warmup_steps before block 0; run.timeline's files."""
         warm = self.cfg["algorithm"]["warmup_steps"]
-        if warm and not self.A.per_step and not start:
+        if warm and not start:
             self.opt.lr = self.lr_at(0)
-            self._warmup(warm)
+            self.blocks.warm_up(warm)
         if seg is not None:
             role = "master" if self.is_master else f"worker {self.local[0]}"
             self.tl = timeline.Timeline(
                 self.run_dir, seg, self.rank, f"rank {self.rank} ({role})",
                 {**({0: "master"} if self.is_master else {}),
                  **{1 + i: f"worker {i}" for i in self.local}})
+            self.blocks.trace(self.tl)
+            self.master.trace(self.tl)
 
     def _run(self):
         start, seg = self._start()
         t_start, cpu_start = time.perf_counter(), time.process_time()
-        stats_start = dict(mpi.STATS)    # block 0's waits and work: warm-up's in
+        stats0 = dict(mpi.STATS)         # block 0's waits and work: warm-up's in
         calls0, bytes0 = mpi.STATS["allreduce"], mpi.STATS["bytes"]
-        images = 0
-        step_fn = self._block_ssgd if self.A.per_step else self._block_algo
         self._warm_up_and_trace(start, seg)
         lifeline = getattr(self, "lifeline", None)
         old = lifecycle.install_stop_handlers(
             self.control, goodbye=lifeline.goodbye if lifeline is not None else None)
-        self.control.begin_job(start)
-        t_end = time.perf_counter()
-        # honest time: block k's wall runs from the end of block k-1 (its
-        # Allreduce and update) to its own end on the master, everything in
-        # between included; the first from the start of training
-        self.t_boundary, self.stats_boundary = t_start, stats_start
-        self.startup_s = lifecycle.process_age_s() - (time.perf_counter() - t_start)
-        self._startup_line()
+        clock = BlockClock(self.exchange, t_start, stats0)     # honest block times
+        startup_s = lifecycle.process_age_s() - (time.perf_counter() - t_start)
+        self._startup_line(startup_s)
         # a diverging model overflows: the non-finite checks say so in one
         # line, NumPy's RuntimeWarnings must not flood the log before it
         err_old = np.seterr(over="ignore", invalid="ignore", divide="ignore")
+        ctl, images = self.control, 0
         try:
-            for k in range(start, self.total_blocks):
-                self.control.begin_block(k)
+            for k in range(start, ctl.total):
+                ctl.begin_block(k)
                 self.opt.lr = self.lr_at(k)
-                p, b, diag = step_fn(k, self._work)
-                rec = self._record(k, p, b, diag, *self._block_times())
+                p, b, diag = self.blocks.block(k, self._work)     # its one Allreduce
+                rec = self.master.record(k, p, b, diag, *clock.block())
                 self.evaluator.settle()  # what the wait did not finish, or carry it
                 images += rec["samples"]
                 if not np.isfinite(self.z).all():
                     raise self._diverged(k, "the consensus model z is not finite", "all")
-                ctl = self.control
                 if ctl.early_agreed:      # run.early_stop: this block is the last
-                    self.total_blocks = k + 1
-                last = k + 1 == self.total_blocks
+                    ctl.end_at(k + 1)
+                last = k + 1 == ctl.total
                 if self.is_master:
-                    self._report_block(k, p, b, rec, last)
-                if ctl.deadline is not None and not (last or ctl.stop_requested):
-                    if ctl.deadline.due(rec["wall_s"], self.log):
-                        ctl.request_stop(f"the time limit ({ctl.deadline.source})")
+                    self.master.report_block(k, p, b, rec, last)
+                self._watch_deadline(rec["wall_s"], last)
                 self._maybe_checkpoint(k, last)
-                now = time.perf_counter()    # block end to block end: the watchdog's scale
-                ctl.block_ended(now - t_end)
-                t_end = now
+                ctl.block_ended(clock.lap())   # block end to block end: the watchdog's
                 if ctl.early_agreed:
                     break
                 if ctl.stop_agreed and not last:
@@ -475,31 +522,34 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
                                     f"checkpoint {ckpt.ckpt_dir(self.run_dir, k)} written; "
                                     f"run the same command again to resume")
             self._end_timeline()
-            self.tail_s = time.perf_counter() - self.t_boundary   # after the last block
+            tail_s = clock.tail()        # after the last block
         finally:
             np.seterr(**err_old)
             self.tl.close()
             lifecycle.restore_handlers(old)
-            self._close_reports()
-            for ld in self.loaders.values():
-                ld.close()
-        return self._finish(t_start, cpu_start, calls0, bytes0, images)
+            self.master.close()
+            self.workers.close()
+        self.summary = self.master.finish(
+            t_start, cpu_start, calls0, bytes0, images,
+            {"startup_s": startup_s, "startup_parts": self.startup_parts, "tail_s": tail_s})
+        return self.summary
 
-    def _block_times(self):
-        """(wall, master busy, master slack) of the block that just ended:
-        wall from the previous block's end, a block ending when its (last)
-        Allreduce returns on the master, the update after it counted in the
-        next block, so that the master's own update does not shift a
-        boundary past the workers' start of their next compute; slack the
-        master's sleep in the wait for the workers; busy the rest but the
-        Allreduce itself."""
-        now, st = self.exchange.t_reduced, mpi.STATS
-        wall = now - self.t_boundary
-        d = {k: st[k] - self.stats_boundary.get(k, 0.0) for k in ("wait_s", "work_s", "reduce_s")}
-        slack = max(d["wait_s"] - d["work_s"], 0.0)
-        busy = max(wall - slack - d["reduce_s"], 0.0)
-        self.t_boundary, self.stats_boundary = now, dict(st)
-        return wall, busy, slack
+    def _watch_deadline(self, wall_s, last):
+        """The time limit (the master's clock): a stop at the next block's
+        flags, with room for a checkpoint."""
+        ctl = self.control
+        if ctl.deadline is not None and not (last or ctl.stop_requested):
+            if ctl.deadline.due(wall_s, self.log):
+                ctl.request_stop(f"the time limit ({ctl.deadline.source})")
+
+    def _end_timeline(self):
+        """The run's last collective (Checkpointer.final_sync); with
+        run.timeline every rank closes its file before it, so the master
+        merges complete files after it, also across nodes on NFS
+        (close-to-open)."""
+        self.tl.close()
+        self.ckpt.final_sync(self._manifest)
+        self.master.merge_timeline()
 
     def _maybe_checkpoint(self, k, last):
         every = self.cfg["run"]["checkpoint_every"] or self.sched.blocks_per_pass
@@ -507,8 +557,9 @@ class Trainer(BlockSteps, CheckpointState, MasterReports):
             if last or self.control.stop_agreed:     # (else its manifest waits for it)
                 self.evaluator.finish()
             tc = time.perf_counter()
-            self._checkpoint(k)
+            self.ckpt.write(k)
             t1 = time.perf_counter()
             self.control.checkpoint_took(t1 - tc)
             self.tl.span("checkpoint", tc, t1, self._lane, block=k)
         self.tl.flush()
+

@@ -57,10 +57,10 @@ def test_feed_and_graphs_run_equals_host_augmented_run(small_dataset, tmp_path):
                            "run.threads=1", "data.augment=true", *extra])
     t = Trainer(cfg("a"), log=lambda m: None, device_ops=backend.GpuOps())
     t.run()
-    assert t.model.graphs.replays > 0 and all(f.uploads for f in t.feeds.values())
+    assert t.model.graphs.replays > 0 and all(f.uploads for f in t.workers.feeds.values())
     t2 = Trainer(cfg("b", "run.cuda_graphs=off"), log=lambda m: None,
                  device_ops=backend.GpuOps())
-    for ld in t2.loaders.values():
+    for ld in t2.workers.loaders.values():
         ld.raw = ld.device_aug = False
         ld.stage = None
     t2.run()

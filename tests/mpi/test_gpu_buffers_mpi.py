@@ -98,7 +98,7 @@ def test_gpu_worker_buffers(dataset, gpu_buffers, algo, extra):
     if rank:
         # the feed's pinned slots (gpu_feed: two per worker, each images,
         # labels and augmentation ids) are the minibatches', not the block's
-        feed = [("pinned", n) for f in t.feeds.values() for _ in f.slots
+        feed = [("pinned", n) for f in t.workers.feeds.values() for _ in f.slots
                 for n in (f.cap * int(np.prod(f.shape)), 8 * f.cap, 4 * f.cap)]
         assert (algo == "ssgd") == (not feed)
         log = list(dev.cp.cuda.log)
@@ -160,7 +160,7 @@ def master_files(t):
             out[name] = f["z"].tobytes()
     k = ckpt.complete(t.run_dir)[-1]
     got = ckpt.read_rank(os.path.join(ckpt.ckpt_dir(t.run_dir, k), ckpt.rank_file(0)),
-                         t._state_spec())
+                         t.ckpt.state_spec())
     out.update({f"ckpt {k} {name}": np.asarray(a).tobytes() for name, a in got.items()})
     return out
 

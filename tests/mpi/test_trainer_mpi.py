@@ -264,18 +264,14 @@ def test_summary_says_where_every_rank_ran(dataset):
 
 
 @pytest.mark.mpi(min_size=3)
-def test_a_slow_rank_is_named_with_its_node(dataset):
+def test_a_slow_rank_is_named_with_its_node(dataset, monkeypatch):
     import socket
-    import time
 
-    class SlowWorker1(Trainer):
-        def _swap_in(self, i):
-            if i == 1:
-                time.sleep(0.03)
-            return super()._swap_in(i)
+    from ibtmpi.testing import slow_worker
+    slow_worker(monkeypatch, 0.03, worker=1)
     logs = []
-    t = SlowWorker1(make_cfg(dataset, "ma", extra=("data.split_size=10", "run.passes=1")),
-                    log=logs.append)
+    t = Trainer(make_cfg(dataset, "ma", extra=("data.split_size=10", "run.passes=1")),
+                log=logs.append)
     t.run()
 
     def check():
@@ -430,12 +426,8 @@ def test_a_worker_waiting_for_a_slow_one_does_not_spin(dataset, monkeypatch):
     forced to 0 on worker 0, i.e. spinning with sched_yield, gave 25% on a
     loaded 2-core machine, more on an idle one)."""
     if W.Get_rank() == 2:
-        orig = Trainer._swap_in
-
-        def late(self, i):
-            time.sleep(0.15)
-            return orig(self, i)
-        monkeypatch.setattr(Trainer, "_swap_in", late)
+        from ibtmpi.testing import slow_worker
+        slow_worker(monkeypatch, 0.15)
     t = Trainer(make_cfg(dataset, "ibt", extra=("run.timeline=true",)), log=lambda m: None)
     t.run()
 

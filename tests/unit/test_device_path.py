@@ -169,16 +169,16 @@ def test_gpu_workers_upload_uint8_minibatches(small_dataset, tmp_path):
                     f"run.dir={tmp_path / 'u8'}", "run.simulate=2", "run.threads=1",
                     "run.eval_device=cpu", "run.cuda_graphs=off"])   # every step from Python
     t = Trainer(c, log=lambda m: None, device_ops=ops)
-    assert all(ld.raw for ld in t.loaders.values())
+    assert all(ld.raw for ld in t.workers.loaders.values())
     t.run()
-    steps = sum(len(mb) for ld in t.loaders.values() for mb in [ld.load(0, 0)])
+    steps = sum(len(mb) for ld in t.workers.loaders.values() for mb in [ld.load(0, 0)])
     assert calls and set(calls) == {np.dtype(np.uint8)} and len(calls) >= steps
     c2 = load(None, [f"data.path={small_dataset}", "algorithm.name=ibt", "data.split_size=40",
                      "data.batch=16", "model.layers=tiny", "run.passes=0.5", "run.quiet=true",
                      f"run.dir={tmp_path / 'f32'}", "run.simulate=2", "run.threads=1",
                      "run.eval_device=cpu"])
     t2 = Trainer(c2, log=lambda m: None, device_ops=GpuOps(cp=FakeCupy()))
-    for ld in t2.loaders.values():
+    for ld in t2.workers.loaders.values():
         ld.raw = False                       # the float32 batches of before
         ld.stage = None                      # (host batches, not through the feed)
     t2.run()

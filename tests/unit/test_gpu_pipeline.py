@@ -42,14 +42,14 @@ def test_feed_graphs_and_device_augmentation_equal_the_plain_device_run(small_da
     logs = []
     t = Trainer(_cfg(small_dataset, tmp_path, "a"), log=logs.append,
                 device_ops=GpuOps(cp=FakeCupy()))
-    assert all(ld.device_aug and ld.stage for ld in t.loaders.values())
+    assert all(ld.device_aug and ld.stage for ld in t.workers.loaders.values())
     t.run()
     g = t.model.graphs
     assert g.captures >= 1 and g.replays > 0
-    assert all(f.uploads > 0 for f in t.feeds.values())
+    assert all(f.uploads > 0 for f in t.workers.feeds.values())
     t2 = Trainer(_cfg(small_dataset, tmp_path, "b", "run.cuda_graphs=off"),
                  log=lambda m: None, device_ops=GpuOps(cp=FakeCupy()))
-    for ld in t2.loaders.values():
+    for ld in t2.workers.loaders.values():
         ld.raw = ld.device_aug = False          # host augmentation and normalisation
         ld.stage = None
     t2.run()

@@ -76,7 +76,7 @@ def test_continue_with_another_worker_count(small_dataset, tmp_path):
         t = Trainer(cfg(small_dataset, tmp_path / "b", **{"run.simulate": 2,
                                                           "model.init": str(src)}),
                     log=lambda m: None)
-        assert t._restore() == 0
+        assert t.ckpt.restore() == 0
         assert t.z.tobytes() == final_z(tmp_path / "a").tobytes()
         assert np.array_equal(t.model.params, t.z)
 
@@ -102,7 +102,7 @@ def test_other_image_size_or_class_order_is_refused(small_dataset, tmp_path):
     src = he_model_file(big, tmp_path / "m24.npz", 0)
     with pytest.raises(ConfigError, match=r"takes \(3, 24, 24\) inputs"):
         Trainer(cfg(small_dataset, tmp_path / "r", **{"model.init": src}),
-                log=lambda m: None)._restore()
+                log=lambda m: None).ckpt.restore()
     # the same classes in another order would name every output wrongly
     ds = Dataset(small_dataset)
     h, w, c = ds.image_shape
@@ -116,7 +116,7 @@ def test_other_image_size_or_class_order_is_refused(small_dataset, tmp_path):
                                               "algorithm": {"name": "sgd"}})
     with pytest.raises(ConfigError, match="orders the same classes differently"):
         Trainer(cfg(small_dataset, tmp_path / "r2", **{"model.init": rev}),
-                log=lambda m: None)._restore()
+                log=lambda m: None).ckpt.restore()
 
 
 def test_other_normalisation_is_reported_not_refused(small_dataset, tmp_path):
@@ -128,8 +128,8 @@ def test_other_normalisation_is_reported_not_refused(small_dataset, tmp_path):
     np.savez(src, **arrays)
     logs = []
     t = Trainer(cfg(other, tmp_path / "r", **{"model.init": src}), log=logs.append)
-    assert t._restore() == 0
-    assert "another normalisation" in t.init_note
+    assert t.ckpt.restore() == 0
+    assert "another normalisation" in t.ckpt.init_note
 
 
 def test_a_resumed_run_does_not_read_init(small_dataset, tmp_path, monkeypatch):

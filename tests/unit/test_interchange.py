@@ -131,11 +131,11 @@ def test_model_init_from_safetensors_starts_where_the_file_says(small_dataset, t
                           "run.simulate=2", "data.split_size=40", f"model.init={init}",
                           "run.quiet=true", "run.threads=1"])
         t = Trainer(cfg, log=lambda m: None)
-        t._init_from_model(False)
+        t.ckpt._init_from_model(False)
         return t
     a, b = started(str(f)), started(str(src))
     assert a.z.tobytes() == b.z.tobytes() and a.zbuf.tobytes() == b.zbuf.tobytes()
-    assert a.init_note == f"initialised from {f}"
+    assert a.ckpt.init_note == f"initialised from {f}"
     tensors = st.load_file(str(f))
     rng = np.random.default_rng(0)
     tensors["fc.weight"] = rng.standard_normal((1000, 512)).astype(np.float32)
@@ -144,8 +144,8 @@ def test_model_init_from_safetensors_starts_where_the_file_says(small_dataset, t
     st.save_file(tensors, str(big))                       # no metadata: a foreign file
     c = started(str(big))
     assert "the head (fc.weight [1000, 512], fc.bias [1000] in the file) is initialised " \
-           "anew for this data's 5 classes" in c.init_note
-    assert "names no input normalisation" in c.init_note
+           "anew for this data's 5 classes" in c.ckpt.init_note
+    assert "names no input normalisation" in c.ckpt.init_note
     fresh = Model("resnet18_imagenet", c.model.input_shape, 5, seed=0)
     n_fc = 512 * 5 + 5
     assert c.z[-n_fc:].tobytes() == fresh.params[-n_fc:].tobytes()     # its own head

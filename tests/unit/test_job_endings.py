@@ -153,7 +153,7 @@ def test_set_rho_keeps_the_unscaled_duals(small_dataset, tmp_path):
     t = Trainer(cfg, log=lambda m: None)
     rng = np.random.default_rng(0)
     t.cons.U[...] = rng.standard_normal(t.cons.U.shape).astype(np.float32)
-    states = [t.states[i] for i in t.local]
+    states = [t.blocks.states[i] for i in t.local]
     for ws in states:
         ws.u[...] = rng.standard_normal(ws.u.shape).astype(np.float32)
     y_U = t.cons.rho * t.cons.U.astype(np.float64)

@@ -84,7 +84,7 @@ def test_model_init_takes_the_statistics(bn_run, small_dataset, tmp_path):
     c = cfg(small_dataset, tmp_path / "i", "ibt", "run.passes=0.01",
             f"model.init={os.path.join(run, 'model.npz')}")
     t2 = Trainer(c, log=lambda m: None)
-    t2._init_from_model(False)
+    t2.ckpt._init_from_model(False)
     assert t2.zbuf.tobytes() == t.zbuf.tobytes()
     assert (t2.model.buffers == t.zbuf).all()
 

@@ -38,7 +38,7 @@ def test_what_is_per_model_carries_and_what_is_per_worker_starts_at_zero(
     t = Trainer(_cfg(small_dataset, run, 3, algo, passes=2, **{"run.resume": "reshape"}),
                 log=logs.append)
     t._placement = lambda: [("h", 0, 1, "cpu", ())]
-    start = t._restore()
+    start = t.ckpt.restore()
     assert start == round(1.0 * t.sched.blocks_per_pass)           # the same pass
     line = [m for m in logs if m.startswith("continuing ")]
     assert line and f"of 2 worker(s) in 1 process(es) with 3 worker(s)" in line[0]
@@ -53,9 +53,9 @@ def test_what_is_per_model_carries_and_what_is_per_worker_starts_at_zero(
         else:
             assert arr.tobytes() == saved[name].tobytes(), name
     for i in t.local:
-        u = getattr(t.states[i], "u", None)
+        u = getattr(t.blocks.states[i], "u", None)
         assert u is None or not u.any()
-        assert all(not np.asarray(v).any() for v in t.opt_states[i].values())
+        assert all(not np.asarray(v).any() for v in t.workers.opt_states[i].values())
     assert "each worker's dual and local optimizer state start at zero" in line[0]
 
 

@@ -1,11 +1,11 @@
 """A worker that holds every block back is named, once, with its node."""
 import json
-import time
 
 import numpy as np
 
 from ibtmpi.config import load
 from ibtmpi.monitor import Stragglers
+from ibtmpi.testing import slow_worker
 from ibtmpi.train import Trainer
 
 
@@ -37,20 +37,15 @@ def test_one_worker_and_idle_blocks():
     assert all(s.block([0.0, 0.0, 0.0]) is None for _ in range(20))
 
 
-class SlowWorker1(Trainer):
-    def _swap_in(self, i):
-        if i == 1:
-            time.sleep(0.03)
-        return super()._swap_in(i)
-
-
-def test_a_slowed_worker_is_named_in_the_log_and_the_summary(small_dataset, tmp_path):
+def test_a_slowed_worker_is_named_in_the_log_and_the_summary(small_dataset, tmp_path,
+                                                             monkeypatch):
     cfg = load(None, [f"data.path={small_dataset}", "model.layers=tiny", "run.passes=1",
                       "run.quiet=true", f"run.dir={tmp_path}", "run.simulate=3",
                       "run.threads=1", "data.split_size=12", "data.batch=12",
                       "algorithm.name=ma"])
     logs = []
-    t = SlowWorker1(cfg, log=logs.append)
+    slow_worker(monkeypatch, 0.03, worker=1)
+    t = Trainer(cfg, log=logs.append)
     assert t.sched.blocks_per_pass >= 10
     t.run()
     named = [m for m in logs if "computed longest" in m]

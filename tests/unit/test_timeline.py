@@ -192,12 +192,12 @@ def test_a_preempted_job_merges_the_timeline_of_its_blocks(small_dataset, tmp_pa
     block with a checkpoint: the merged timeline covers the job's blocks."""
     from ibtmpi.train import Preempted
     t = Trainer(cfg(small_dataset, tmp_path), log=lambda m: None)
-    mark = t._mark_flags
+    mark = t.flags.mark
 
-    def stop_at_block_2(**kw):                  # _mark_flags(ckpt=False) in a block
+    def stop_at_block_2(**kw):                  # flags.mark(ckpt=False) in a block
         t.control.stop_requested = t.control.stop_requested or t.control.block == 2
         mark(**kw)
-    t._mark_flags = stop_at_block_2
+    t.flags.mark = stop_at_block_2
     with pytest.raises(Preempted):
         t.run()
     ev, _ = spans(tmp_path)
@@ -207,15 +207,15 @@ def test_a_preempted_job_merges_the_timeline_of_its_blocks(small_dataset, tmp_pa
 
 STARVE_ONE = """
 import functools, sys, time
-from ibtmpi.train import trainer
+from ibtmpi.train import trainer, workers
 from ibtmpi.cli import main
 trainer.WorkerData = functools.partial(trainer.WorkerData, prefetch=False)
-orig = trainer.Trainer._swap_in
+orig = workers.WorkerGroup.swap_in
 def swap_in(self, i):
     if i == 1:
         time.sleep(0.08)      # worker 1 waits for a core every block
     return orig(self, i)
-trainer.Trainer._swap_in = swap_in
+workers.WorkerGroup.swap_in = swap_in
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -205,12 +205,12 @@ def test_reset_state_decides_whether_the_inner_state_survives_a_sync(
                                          "optim.reset_state": reset_state})),
                 log=lambda m: None)
     seen = []
-    run_steps = t._run_steps
+    run_steps = t.workers.run_steps
 
     def spy(mbs, feed=None):
         seen.append({k: t._host(v).copy() for k, v in t.opt.state().items()})
         return run_steps(mbs, feed)
-    t._run_steps = spy
+    t.workers.run_steps = spy
     t.run()
     assert len(seen) == 2 * t.total_blocks
     assert not any(v.any() for v in seen[0].values())       # block 0: fresh

@@ -3,7 +3,7 @@
 (P = 2,191,941 float32): what the master spends between the block's
 Allreduce and its next wait (with GPU workers, the block's critical path:
 docs/benchmarks.md, "On a GPU"). For each algorithm, the median ms of
-Consensus.update over --reps calls, three ways interleaved in one run:
+its update over --reps calls, three ways interleaved in one run:
 
   whole      every op over the whole vectors, the residuals' dot products
              over whole float64 copies (how the update ran before, and how
@@ -50,18 +50,18 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     z0 = rng.standard_normal(a.p).astype(np.float32)
     S = (a.workers * z0 + rng.standard_normal(a.p)).astype(np.float32)
-    print(f"Consensus.update, P = {a.p:,d}, N = {a.workers}, median of {a.reps} (ms)")
+    print(f"the consensus update, P = {a.p:,d}, N = {a.workers}, median of {a.reps} (ms)")
     gpu_col = " gpu |" if g is not None else ""
     print(f"| algorithm | whole | chunked | chunked, {a.threads} threads | whole / threads "
           f"|{gpu_col}")
     print("|---|---|---|---|---|" + ("---|" if g is not None else ""))
     for algo in ("ma", "admm", "bmuf", "ibt", "easgd"):
-        ways = {"whole": consensus.Consensus(algo, z0.view(Whole), a.workers, {"rho": 0.1}),
-                "chunked": consensus.Consensus(algo, z0, a.workers, {"rho": 0.1}),
-                "threads": consensus.Consensus(algo, z0, a.workers, {"rho": 0.1},
+        ways = {"whole": consensus.make_consensus(algo, z0.view(Whole), a.workers, {"rho": 0.1}),
+                "chunked": consensus.make_consensus(algo, z0, a.workers, {"rho": 0.1}),
+                "threads": consensus.make_consensus(algo, z0, a.workers, {"rho": 0.1},
                                                threads=a.threads)}
         if g is not None:
-            ways["gpu"] = consensus.Consensus(algo, g.asarray(z0), a.workers, {"rho": 0.1},
+            ways["gpu"] = consensus.make_consensus(algo, g.asarray(z0), a.workers, {"rho": 0.1},
                                               to_host=g.asnumpy)
         sums = {how: S if how != "gpu" else g.asarray(S) for how in ways}
         times = {k: [] for k in ways}

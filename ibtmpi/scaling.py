@@ -72,8 +72,8 @@ def update_seconds(P, algo="ibt", n_workers=4, reps=5):
     """Median seconds of one consensus update of P floats on this host."""
     import time
     import numpy as np
-    from .consensus import Consensus
-    c = Consensus(algo, np.zeros(P, np.float32), n_workers, {})
+    from .consensus import make_consensus
+    c = make_consensus(algo, np.zeros(P, np.float32), n_workers, {})
     S = np.ones(P, np.float32)
     ts = []
     for _ in range(reps):

@@ -32,7 +32,7 @@ def get(name):
     return ALGORITHMS[name]
 
 
-def Consensus(algo, z0, n_workers, acfg, to_host=None, threads=1):
+def make_consensus(algo, z0, n_workers, acfg, to_host=None, threads=1):
     """The consensus state and update of block algorithm `algo` from z0."""
     cls = get(algo)
     if cls.per_step:
@@ -42,4 +42,4 @@ def Consensus(algo, z0, n_workers, acfg, to_host=None, threads=1):
 
 __all__ = ["OUTER", "OUTER_SCHEDULES", "OuterOptimizer", "register_outer", "ALGORITHMS", "Algorithm", "BlockAlgorithm", "WorkerState", "register",
            "block_momentum", "dual_update", "residual_dots", "BLOCK_ALGOS", "get",
-           "Consensus"]
+           "make_consensus"]

@@ -36,7 +36,7 @@ def plan_lines(t):
     else:
         how = "1 worker, one process (the baseline)"
     splits = ", ".join(f"{k} {ds.split(k).n:,d}" for k in ds.splits)
-    per_pass = s.steps_per_pass() if t.A.per_step else s.blocks_per_pass
+    per_pass = s.steps_per_pass() if t.algo_cls.per_step else s.blocks_per_pass
     mib = t.packet.size * 4 / 2**20
     every = r["checkpoint_every"] or s.blocks_per_pass
     rs = t.ckpt.reshape
@@ -62,8 +62,8 @@ def plan_lines(t):
         f"batch {s.batch}, {s.max_range:,d} samples per worker: {s.blocks_per_pass} "
         f"blocks per pass, {s.steps_in_block(0)} steps per block; {t.total_blocks} "
         f"blocks for {r['passes']:g} pass(es)",
-        f"  model: {t.cfg['model']['layers']}, {t.P:,d} parameters "
-        f"({t.P * 4 / 2**20:.1f} MiB float32)",
+        f"  model: {t.cfg['model']['layers']}, {t.model.size:,d} parameters "
+        f"({t.model.size * 4 / 2**20:.1f} MiB float32)",
         f"  {t.lr_at.describe() or 'lr: constant ' + format(t.lr_at.lr, 'g')}",
         *([f"  {recipe.describe(n, t.recipe_set)}"] if t.recipe_set else []),
         *([f"  {outer}"] if outer else []),
@@ -71,7 +71,7 @@ def plan_lines(t):
             "none (one process: the block's packet is summed in place, no MPI)"
             if n == 1 and not t.simulate and mpi.world_size() == 1 else
             f"{per_pass} Allreduce(s) per pass "
-            f"({'one per step' if t.A.per_step else 'one per block'}) of "
+            f"({'one per step' if t.algo_cls.per_step else 'one per block'}) of "
             f"{t.packet.size:,d} floats ({mib:.1f} MiB): {per_pass * mib:.1f} MiB "
             f"per pass" + (" in an MPI run (simulated here: no MPI)"
                            if t.simulate else "")),

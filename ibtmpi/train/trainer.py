@@ -86,7 +86,7 @@ class Trainer:
         self.cfg, self.log = cfg, log
         d, r = cfg["data"], cfg["run"]
         self.algo = cfg["algorithm"]["name"]
-        self.A = consensus.get(self.algo)        # the algorithm's class
+        self.algo_cls = consensus.get(self.algo)        # the algorithm's class
         self._roles(int(r["simulate"]))
         # where this rank's start-up goes (summary.json startup_parts)
         self.startup_parts = {"launch and imports": lifecycle.process_age_s()}
@@ -115,7 +115,7 @@ class Trainer:
         # the block algorithms through a feed (gpu_feed: pinned memory, a
         # copy stream, the augmentation on the device too)
         feeds = {}
-        if self.dev is not None and not self.A.per_step:
+        if self.dev is not None and not self.algo_cls.per_step:
             from ..gpu_feed import DeviceFeed
             last = self.sched.blocks_per_pass - 1
             copy = self.dev.cp.cuda.Stream(non_blocking=True)
@@ -150,7 +150,7 @@ class Trainer:
         self.exchange = BlockExchange(
             self.packet, self.comm, self.control, rank=self.rank, is_master=self.is_master,
             has_workers=bool(self.local), one_process=not self.dist,
-            per_step=self.A.per_step, watchdog=r["watchdog_s"],
+            per_step=self.algo_cls.per_step, watchdog=r["watchdog_s"],
             state_device=self.sdev, gpu_buffers=self.gpu_buffers,
             placement=lifecycle.weakly(self, "_placement_rows"), cfg=cfg)
         self.run_dir = r["dir"]
@@ -173,7 +173,7 @@ class Trainer:
                  self.control, self.sched, self.lr_at)
         common = dict(n_workers=self.n_workers, lane=self._lane, host=host_fn(self._ops),
                       device_state=self.device_state, writes=self.writes)
-        if self.A.per_step:
+        if self.algo_cls.per_step:
             self.blocks = StepSync(*parts, **common)
         else:
             self.blocks = BlockSync(
@@ -196,7 +196,7 @@ class Trainer:
             sync=self.sync, ckpt=self.ckpt, control=self.control, host=host_fn(self._ops),
             eval_ops=self.eval_ops, norm=(self.norm_mean, self.norm_std),
             manifest=self.ckpt.write_manifest, device_state=self.device_state,
-            single_worker=self.A.single_worker, recipe_set=self.recipe_set, log=self.log)
+            single_worker=self.algo_cls.single_worker, recipe_set=self.recipe_set, log=self.log)
 
     @property
     def total_blocks(self):
@@ -249,7 +249,7 @@ class Trainer:
         n = self.n_workers
         how = (f"this is --simulate {simulate}: drop it" if simulate else
                f"this job has {n} workers: run it without mpiexec (or with -n 1)")
-        self.A.check_workers(n, how)
+        self.algo_cls.check_workers(n, how)
 
     def _wire_compute(self, device_ops, gpu_buffers, master_ops=None):
         """Model, optimizer, consensus, worker states and the block packet.
@@ -263,11 +263,9 @@ class Trainer:
         P up a block). The state of simulated or single-process GPU workers
         is on the host (their w is staged through a pinned host image), and
         so is a master's without a GPU; z is bitwise equal everywhere
-        (consensus/). Where a GPU worker's consensus was on the host, the
-        update's NumPy passes over P floats took as long as the block's
-        compute (the H200 check: 64-79 ms against 53-58 ms); a master's own
-        host update (13-45 ms a block for the reference CNN) is on the
-        critical path once GPU workers compute faster."""
+        (consensus/). On the host the update's passes over P floats can
+        take as long as a GPU worker's block (docs/benchmarks.md, "On a
+        GPU" and "The consensus update on the host")."""
         cfg = self.cfg
         h, w, c = self.ds.image_shape
         self.dev = device_ops if self.local else None
@@ -277,13 +275,13 @@ class Trainer:
         self.model = Model(cfg["model"]["layers"], (c, h, w), self.ds.n_classes,
                            seed=cfg["model"]["seed"], ops=self.dev)
         self.opt = optim.make(cfg["optim"], self.model.params, ops=self.dev)
-        self.P = P = self.model.size
+        P = self.model.size
         pinned = self._ops is not None and not self.gpu_buffers
         host_empty = self._ops.pinned_empty if pinned else (lambda m: np.empty(m, np.float32))
         # host image of a worker's w, where its consensus state is on the host
         self._w_host = (host_empty(P) if self.dev is not None and not self.device_state
                         else None)
-        cons = None if self.A.per_step else self._new_consensus()
+        cons = None if self.algo_cls.per_step else self._new_consensus()
         zeros = self.sdev.cp.zeros if self.device_state else np.zeros
         self.packet = BlockPacket(P, self.n_workers, host_empty,
                                   zeros if self.device_state else None,
@@ -321,7 +319,7 @@ class Trainer:
             raise ConfigError("run.master_device = gpu, but the master (rank 0) has no GPU "
                               "(it has one where the workers compute on GPUs and its node "
                               "has one); use auto or cpu")
-        return None if want == "cpu" or self.A.per_step else master_ops
+        return None if want == "cpu" or self.algo_cls.per_step else master_ops
 
     @property
     def _ops(self):
@@ -335,13 +333,13 @@ class Trainer:
         (a master's of its own: uploaded), else on the host."""
         a = self.cfg["algorithm"]
         if self.device_state:
-            return consensus.Consensus(self.algo, self.sdev.asarray(self.model.params),
+            return consensus.make_consensus(self.algo, self.sdev.asarray(self.model.params),
                                        self.n_workers, a, to_host=self.sdev.asnumpy)
         # on the host its passes over P floats share the rank's BLAS threads
         # (run.threads): the master's update bounds a block once GPU workers
         # compute faster than it
         from ..threads import current_blas_threads
-        return consensus.Consensus(self.algo, self._host(self.model.params),
+        return consensus.make_consensus(self.algo, self._host(self.model.params),
                                    self.n_workers, a, threads=current_blas_threads() or 1)
 
     def _host(self, a):
@@ -358,7 +356,7 @@ class Trainer:
         flight: a checkpoint confirmed behind it gets its manifest."""
         self.evaluator.finish()
         return diverged(k, what, ranks, run_dir=self.run_dir, lr=self.cfg["optim"]["lr"],
-                        rho=self.cfg["algorithm"]["rho"], uses_rho=self.A.uses_rho,
+                        rho=self.cfg["algorithm"]["rho"], uses_rho=self.algo_cls.uses_rho,
                         world=1 if self.simulate else mpi.world_size())
 
     @property
@@ -383,7 +381,7 @@ class Trainer:
         the manifest waits for it (a resume from k finds lines 0..k)."""
         self.evaluator.carried.confirm(k)
 
-    def _work(self):
+    def _eval_batch(self):
         """The master's useful work while it waits in an Allreduce: a batch
         of its evaluation (MasterEvaluator.work)."""
         return self.evaluator.work()
@@ -500,7 +498,7 @@ class Trainer:
             for k in range(start, ctl.total):
                 ctl.begin_block(k)
                 self.opt.lr = self.lr_at(k)
-                p, b, diag = self.blocks.block(k, self._work)     # its one Allreduce
+                p, b, diag = self.blocks.block(k, self._eval_batch)     # its one Allreduce
                 rec = self.master.record(k, p, b, diag, *clock.block())
                 self.evaluator.settle()  # what the wait did not finish, or carry it
                 images += rec["samples"]

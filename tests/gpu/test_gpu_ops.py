@@ -177,8 +177,8 @@ def test_device_consensus_is_bitwise_the_host_consensus(g, algo, acfg):
     NumPy-API call per elementwise op, no contraction into FMA)."""
     P, n = 4099, 3
     z0 = RNG.standard_normal(P).astype(np.float32)
-    host = consensus.Consensus(algo, z0, n, dict(acfg, rho=0.05))
-    dev = consensus.Consensus(algo, g.asarray(z0), n, dict(acfg, rho=0.05),
+    host = consensus.make_consensus(algo, z0, n, dict(acfg, rho=0.05))
+    dev = consensus.make_consensus(algo, g.asarray(z0), n, dict(acfg, rho=0.05),
                               to_host=g.asnumpy)
     hs = [consensus.WorkerState(P, np.float32, algo) for _ in range(n)]
     ds = [consensus.WorkerState(P, np.float32, algo, g.cp.zeros) for _ in range(n)]

@@ -344,8 +344,8 @@ def test_the_best_model_is_the_evaluated_one_while_evaluation_overlaps(dataset):
     t = Trainer(make_cfg(dataset, "ma", extra=("run.eval_every=1", "optim.lr=0.3",
                                                 "run.passes=3")), log=lambda m: None)
     # no evaluation in the Allreduce wait: each one ends after z has moved on
-    work = t._work
-    t._work = lambda: t.control.phase != "allreduce" and work()
+    work = t._eval_batch
+    t._eval_batch = lambda: t.control.phase != "allreduce" and work()
     s = t.run()
 
     def check():
@@ -369,8 +369,8 @@ def test_early_stop_under_mpi_ends_where_its_simulation_ends(dataset, overlap):
     extra = ("run.eval_every=1", "optim.lr=0.3", "run.passes=3", "run.early_stop=2")
     t = Trainer(make_cfg(dataset, "ma", extra=extra), log=lambda m: None)
     if not overlap:          # every evaluation ends after the next block
-        work = t._work
-        t._work = lambda: t.control.phase != "allreduce" and work()
+        work = t._eval_batch
+        t._eval_batch = lambda: t.control.phase != "allreduce" and work()
     s = t.run()
     assert len(set(W.allgather(t.total_blocks))) == 1
 

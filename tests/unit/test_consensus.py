@@ -1,6 +1,6 @@
 """Consensus algebra. The convex test proves the ADMM updates, not merely
 that a loss goes down: on L2-regularised softmax regression split over 3
-workers, admm (worker path: Consensus + SGD with the prox hook) converges
+workers, admm (worker path: make_consensus + SGD with the prox hook) converges
 to the centralised optimum computed independently by scipy's L-BFGS."""
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from scipy.optimize import minimize
 
 from ibtmpi import consensus
 from ibtmpi.consensus import vector
-from ibtmpi.consensus import Consensus, WorkerState
+from ibtmpi.consensus import make_consensus, WorkerState
 from ibtmpi.model import Model
 from ibtmpi.optim import SGD
 
@@ -38,7 +38,7 @@ def test_admm_converges_to_centralised_optimum():
 
     # f_i = (n_i / n) * mean loss on worker i's part, so sum_i f_i = mean loss
     parts = np.array_split(np.arange(n), N)
-    cons = Consensus("admm", np.zeros(P), N, {"rho": rho, "l2": lam})
+    cons = make_consensus("admm", np.zeros(P), N, {"rho": rho, "l2": lam})
     states = [WorkerState(P, np.dtype(np.float64), "admm") for _ in range(N)]
     S = np.zeros(P)
     out = np.zeros(P)
@@ -67,11 +67,11 @@ def test_admm_converges_to_centralised_optimum():
 def test_model_averaging_and_bmuf_algebra():
     z0 = np.zeros(3)
     w = [np.array([1.0, 2, 3]), np.array([3.0, 2, 1])]
-    ma = Consensus("ma", z0, 2, {})
+    ma = make_consensus("ma", z0, 2, {})
     ma.update(w[0] + w[1], 0.0)
     np.testing.assert_allclose(ma.z, [2, 2, 2])
     # bmuf with eta=0.5, zeta=1: v = G; z = zg + G; zg = z + 0.5 v
-    b = Consensus("bmuf", z0, 2, {"block_momentum": 0.5, "nesterov": True})
+    b = make_consensus("bmuf", z0, 2, {"block_momentum": 0.5, "nesterov": True})
     b.update(w[0] + w[1], 0.0)
     np.testing.assert_allclose(b.z, [2, 2, 2])
     np.testing.assert_allclose(b.outer.zg, [3, 3, 3])
@@ -82,7 +82,7 @@ def test_model_averaging_and_bmuf_algebra():
 
 def test_easgd_pull_is_symmetric():
     z0 = np.zeros(2)
-    e = Consensus("easgd", z0, 2, {"easgd_beta": 0.5})     # alpha = 0.25
+    e = make_consensus("easgd", z0, 2, {"easgd_beta": 0.5})     # alpha = 0.25
     states = [WorkerState(2, np.dtype(np.float64), "easgd") for _ in range(2)]
     w = np.zeros(2)
     S = np.zeros(2)
@@ -100,7 +100,7 @@ def test_easgd_pull_is_symmetric():
 
 
 def test_residual_balancing_rescales_duals():
-    c = Consensus("admm", np.zeros(2), 2, {"rho": 1.0, "adaptive_rho": True})
+    c = make_consensus("admm", np.zeros(2), 2, {"rho": 1.0, "adaptive_rho": True})
     states = [WorkerState(2, np.dtype(np.float64), "admm") for _ in range(2)]
     S, q = np.zeros(2), 0.0
     ws_ = [np.array([10.0, -10.0]), np.array([-10.0, 10.0])]
@@ -121,7 +121,7 @@ def test_residual_balancing_rescales_duals():
 
 def test_sgd_needs_one_worker():
     with pytest.raises(ValueError, match="single-worker baseline"):
-        Consensus("sgd", np.zeros(2), 3, {})
+        make_consensus("sgd", np.zeros(2), 3, {})
 
 
 def test_residuals_do_not_depend_on_the_ranks_thread_count():
@@ -135,7 +135,7 @@ def test_residuals_do_not_depend_on_the_ranks_thread_count():
     S = (n * z0 + rng.standard_normal(P)).astype(np.float32)
     diags = []
     for threads in (1, 2, 4):
-        c = Consensus("admm", z0, n, {"rho": 0.1, "adaptive_rho": True})
+        c = make_consensus("admm", z0, n, {"rho": 0.1, "adaptive_rho": True})
         with threadpool_limits(threads):
             diags.append(c.update(S.copy(), 123.0))
     assert diags[0] == diags[1] == diags[2]
@@ -172,8 +172,8 @@ def test_chunked_host_update_equals_the_whole_vector_one(algo):
     rng = np.random.default_rng(7)
     z0 = rng.standard_normal(P).astype(np.float32)
     acfg = {"rho": 0.05, "adaptive_rho": True, "rho_mu": 1.5}
-    runs = [Consensus(algo, z0.view(_Device), n, acfg, to_host=np.asarray),
-            Consensus(algo, z0, n, acfg), Consensus(algo, z0, n, acfg, threads=3)]
+    runs = [make_consensus(algo, z0.view(_Device), n, acfg, to_host=np.asarray),
+            make_consensus(algo, z0, n, acfg), make_consensus(algo, z0, n, acfg, threads=3)]
     for blk in range(4):
         S = (n * z0 + rng.standard_normal(P) * (blk + 1)).astype(np.float32)
         q = float(rng.uniform(1, 100))

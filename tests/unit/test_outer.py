@@ -8,7 +8,7 @@ import pytest
 
 from ibtmpi import checkpoint as ckpt
 from ibtmpi.config import ConfigError, load
-from ibtmpi.consensus import OUTER, Consensus
+from ibtmpi.consensus import OUTER, make_consensus
 from ibtmpi.optim import LrSchedule
 from ibtmpi.train import InjectedFault, Trainer
 
@@ -17,7 +17,7 @@ def _drive(algo, acfg, blocks=6, n=3, p=1000, seed=0):
     """z after `blocks` updates of fake workers that step towards their
     own targets from the start point (prox and duals included)."""
     rng = np.random.default_rng(seed)
-    c = Consensus(algo, rng.standard_normal(p).astype(np.float32), n, acfg)
+    c = make_consensus(algo, rng.standard_normal(p).astype(np.float32), n, acfg)
     targets = rng.standard_normal((n, p)).astype(np.float32)
     states = [c.new_worker(p, np.float32) for _ in range(n)]
     zs = []
@@ -79,12 +79,12 @@ def test_outer_state_is_the_checkpointed_state():
     st = c.state()
     assert list(c.state_spec()) == ["z", "zg", "v", "U", "rho", "cons_blocks"]
     assert st["zg"] is c.outer.zg and st["v"] is c.outer.v
-    fresh = Consensus("admm", np.zeros(1000, np.float32), 3,
+    fresh = make_consensus("admm", np.zeros(1000, np.float32), 3,
                       {"outer": "sgd", "block_momentum": 0.5})
     fresh.load({k: np.array(v) for k, v in st.items()}, np.copyto)
     assert fresh.outer.zg.tobytes() == c.outer.zg.tobytes()
     assert fresh.outer.v.tobytes() == c.outer.v.tobytes() and fresh.blocks == c.blocks
-    assert list(Consensus("ma", np.zeros(4, np.float32), 2, {}).state_spec())[:1] == ["z"]
+    assert list(make_consensus("ma", np.zeros(4, np.float32), 2, {}).state_spec())[:1] == ["z"]
 
 
 def _cfg(data, run_dir, **extra):

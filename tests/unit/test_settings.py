@@ -123,6 +123,6 @@ def test_defaults_reach_the_parts_that_read_them():
     """An algorithm built from a partial section takes the declared defaults."""
     import numpy as np
     from ibtmpi import consensus
-    c = consensus.Consensus("ibt", np.zeros(4, np.float32), 2, {})
+    c = consensus.make_consensus("ibt", np.zeros(4, np.float32), 2, {})
     assert c.rho == settings.SCHEMA["algorithm"]["rho"].default == 0.01
     assert copy.deepcopy(config.DEFAULTS["optim"]) == settings.defaults("optim")

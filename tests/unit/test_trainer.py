@@ -28,7 +28,7 @@ def test_every_algorithm_runs_and_counts_allreduces(small_dataset, tmp_path, alg
     assert s["allreduce_calls"] == expect
     # [S (P) | 6 scalars | compute, data-wait, compute CPU, peak RSS, GPU pool
     # (N each) | flags (1 + N)]
-    assert s["allreduce_bytes"] == expect * (t.P + 6 + 5 * 3 + 1 + 3) * 4
+    assert s["allreduce_bytes"] == expect * (t.model.size + 6 + 5 * 3 + 1 + 3) * 4
     lines = [json.loads(l) for l in open(tmp_path / "r" / "metrics.jsonl")]
     assert [l["block"] for l in lines] == list(range(blocks))
     assert all(l["samples"] > 0 and np.isfinite(l["train_loss"]) for l in lines)
@@ -278,9 +278,9 @@ def test_the_consensus_state_alone_restarts_whole_and_loads_its_buffers():
     from ibtmpi.model import Model
     from ibtmpi.train.trainer import ConsensusState
     m = Model("resnet8", (3, 8, 8), 3, seed=0)
-    old = consensus.Consensus("ibt", np.zeros(4, np.float32), 2, {})
+    old = consensus.make_consensus("ibt", np.zeros(4, np.float32), 2, {})
     s = ConsensusState(old, old.z, np.zeros(m.n_buffers, np.float32))
-    new = consensus.Consensus("ibt", np.ones(4, np.float32), 2, {})
+    new = consensus.make_consensus("ibt", np.ones(4, np.float32), 2, {})
     s.restart(new)
     assert s.cons is new and s.z is new.z and s.z[0] == 1.0
     agreed = np.arange(m.n_buffers, dtype=np.float32)

@@ -224,7 +224,8 @@ def read_rank(path, expect):
     file (or model file), checking each header first, so a file that
     declares a huge array is refused before anything is allocated; extra
     members are ignored. dtype may be a kind of KINDS ('text', 'int',
-    'float') instead of one dtype."""
+    'float') instead of one dtype; an entry (shape, dtype, "optional") may
+    be missing (state added after older checkpoints were written)."""
     if not os.path.isfile(path):
         raise CheckpointError(f"{path} is missing")
     try:
@@ -233,10 +234,14 @@ def read_rank(path, expect):
         raise CheckpointError(f"{path}: not a readable checkpoint file ({e})") from None
     with zf:
         names = set(zf.namelist())
-        for name, (shape, dtype) in expect.items():
+        present = {}
+        for name, (shape, dtype, *optional) in expect.items():
             member = f"{name}.npy"
             if member not in names:
+                if optional:
+                    continue
                 raise CheckpointError(f"{path}: array {name!r} missing")
+            present[name] = True
             try:
                 got_shape, got_dtype = _npy_header(zf, member)
             except ValueError as e:
@@ -257,7 +262,7 @@ def read_rank(path, expect):
                     f"the file holds {stored} bytes of it (damaged or forged)")
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {name: z[name] for name in expect}
+            return {name: z[name] for name in present}
     except (zipfile.BadZipFile, ValueError, EOFError, zlib.error, OSError) as e:
         raise CheckpointError(f"{path}: its data cannot be read ({e}): damaged "
                               f"(a flipped bit fails the zip's CRC)") from None

@@ -279,17 +279,26 @@ class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
         """{name: (shape, dtype)} of the state every rank holds alike."""
         p, f = self.z.shape, self.dtype
         return {**{k: (p, f) for k, _ in self.state_vectors()},
-                "rho": ((), np.float64), "cons_blocks": ((), np.int64)}
+                "rho": ((), np.float64), "cons_blocks": ((), np.int64),
+                **(self.outer.scalar_spec() if self.outer else {})}
 
     def state(self):
         return {**dict(self.state_vectors()),
-                "rho": np.float64(self.rho), "cons_blocks": np.int64(self.blocks)}
+                "rho": np.float64(self.rho), "cons_blocks": np.int64(self.blocks),
+                **(self.outer.scalar_state() if self.outer else {})}
 
     def load(self, st, put):
         """put(dst, src): copy a host array into one of ours (host or device)."""
         for k, arr in self.state_vectors():
             put(arr, st[k])
         self.rho, self.blocks = float(st["rho"]), int(st["cons_blocks"])
+        if self.outer is not None:
+            self.outer.load_scalars(st)
+
+    def observe(self, loss, k, warm):
+        """Block k's training loss, after its update, on every rank alike:
+        the outer step's overshoot guard (None, or what it found)."""
+        return None if self.outer is None else self.outer.observe(loss, k, warm)
 
     def worker_spec(self):
         return {k: (self.z.shape, self.dtype) for k in self.worker_vectors}

@@ -59,7 +59,7 @@ class MasterSide:
         self.history = []                # this run's metrics lines (a resume's earlier ones too)
         self.placement = []              # every rank's row (placed)
         self.tl = timeline.Off()
-        self._chance_said = self._overshoot_said = False
+        self._chance_said = False
 
     def placed(self, rows):
         """Every rank's placement row, once the start-up allgather gave them."""
@@ -137,6 +137,8 @@ class MasterSide:
                "peak_rss_mib": [round(float(m), 1) for m in rss]}
         if pool.any():
             rec["gpu_pool_mib"] = [round(float(m), 1) for m in pool]
+        if "overshoot" in diag:             # the guard fired (consensus/outer.py)
+            rec["outer_overshoot"] = {k: float(v) for k, v in diag["overshoot"].items()}
         note = self.ckpt.take_change_note()       # the first block of a resume that changed keys
         if note:
             rec["config_changed"] = note
@@ -441,32 +443,28 @@ class MasterSide:
                  f"= 1 guards against that), too small a one moves nothing. The run goes on")
 
     def _overshoot_check(self, rec):
-        """Once a run: an outer step that amplifies (gain > 1, outer.py) and
-        a training loss that rises, after the lr's warm-up, in two blocks in
-        a row to more than 1.5x (and 0.25 over) the lowest block loss so far:
-        the outer step overshoots (CNTK warns on its block momentum settings
-        for the same reason). The run goes on; the line names the settings."""
-        cons = self.sync.cons
-        gain = cons.outer_gain() if cons is not None else 1.0
-        if gain <= 1.0 or self._overshoot_said:
+        """What the outer step's overshoot guard found at this block (every
+        rank decided it alike from the reduced loss: consensus/outer.py,
+        OvershootGuard): the line names the settings, and the back-off
+        (algorithm.overshoot_backoff) or what to change."""
+        found = rec.get("outer_overshoot")
+        if found is None:
             return
-        k, warm = rec["block"], self.lr_at.warm
-        past = [h["train_loss"] for h in self.history if h["block"] >= warm]
-        if k < warm + 2 or len(past) < 2:
-            return
-        low = min(past[:-1])
-        high = lambda x: x > max(1.5 * low, low + 0.25)   # noqa: E731
-        if not (high(rec["train_loss"]) and high(past[-1])):
-            return
-        self._overshoot_said = True
-        a = self.cfg["algorithm"]
-        self.log(f"warning: the outer step overshoots: block {k}'s training loss "
-                 f"{rec['train_loss']:.4f} is up from {low:.4f} for two blocks, with the "
-                 f"outer step amplifying the workers' mean {gain:.3g}x "
-                 f"(algorithm.block_momentum {a['block_momentum']:g}, block_lr "
-                 f"{a['block_lr']:g}). Lower algorithm.block_momentum or block_lr (a "
-                 f"resume may change them), or ramp them in (algorithm.outer_schedule = "
-                 f"warmup). The run goes on")
+        cons, a, k = self.sync.cons, self.cfg["algorithm"], rec["block"]
+        what = (f"warning: the outer step overshoots: block {k}'s training loss "
+                f"{rec['train_loss']:.4f} is up from {found['low']:.4f} for two blocks, with "
+                f"the outer step amplifying the workers' mean {cons.outer_gain():.3g}x "
+                f"(algorithm.block_momentum {a['block_momentum']:g}, block_lr "
+                f"{a['block_lr']:g})")
+        if a["overshoot_backoff"]:
+            self.log(f"{what}: backed off to the plain average's gain from block {k + 1} "
+                     f"(zeta x {found['factor']:.3g}, the block momentum dropped: "
+                     f"algorithm.overshoot_backoff); lower algorithm.block_momentum or "
+                     f"block_lr for the next run")
+        else:
+            self.log(f"{what}. Lower algorithm.block_momentum or block_lr (a resume may "
+                     f"change them), or ramp them in (algorithm.outer_schedule = warmup). "
+                     f"The run goes on")
 
     def _growth_text(self, p, key, i, first, now):
         what = "peak RSS" if key == "peak_rss_mib" else "CuPy pool"

@@ -106,6 +106,10 @@ class BlockSync(_Sync):
         self.agree_buffers()
         cons.set_outer_scale(self.lr_at.factor(k, self.outer_schedule))
         diag = cons.update(S, pk.stat("q"))
+        # the overshoot guard (consensus/outer.py): the block's loss, every rank alike
+        over = cons.observe(pk.stat("loss_sum") / max(pk.stat("samples"), 1), k, self.lr_at.warm)
+        if over is not None:
+            diag["overshoot"] = over
         for i in wg.local:
             cons.worker_end(self.states[i], None)
         self.tl.span("consensus", t4, time.perf_counter(), self.lane, block=k)

@@ -480,3 +480,25 @@ def test_a_long_evaluation_is_carried_across_waits_in_block_order(dataset, monke
         bpp = t.sched.blocks_per_pass
         assert ckpt.complete(t.run_dir) == [k for k in range(t.total_blocks)
                                             if (k + 1) % bpp == 0 or k + 1 == t.total_blocks][-2:]
+
+
+def test_the_overshoot_back_off_is_decided_alike_on_every_rank(dataset):
+    """An outer step of gain 380 overshoots: every rank's guard fires at the
+    same block from the reduced loss (its state, z and the buffers agree
+    bit for bit), where the simulation's fires too, and neither run
+    diverges."""
+    hot = ("algorithm.block_momentum=0.9", "algorithm.block_lr=20", "run.passes=3")
+    t, _ = _mpi_run(dataset, "bmuf", hot)
+    guard = t.cons.outer.guard
+    assert guard.fired == 1
+    states = W.allgather(guard.array().tobytes())
+    assert len(set(states)) == 1
+
+    def check():
+        n = W.Get_size() - 1
+        sim = Trainer(make_cfg(dataset, "bmuf", simulate=n, extra=hot), log=lambda m: None)
+        sim.run()
+        fired = [[h["block"] for h in x.history if "outer_overshoot" in h] for x in (t, sim)]
+        assert fired[0] == fired[1] and len(fired[0]) == 1
+        assert sim.cons.outer.guard.factor == guard.factor
+    on_master(check)

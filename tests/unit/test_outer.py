@@ -9,6 +9,7 @@ import pytest
 from ibtmpi import checkpoint as ckpt
 from ibtmpi.config import ConfigError, load
 from ibtmpi.consensus import OUTER, make_consensus
+from ibtmpi.errors import Diverged
 from ibtmpi.optim import LrSchedule
 from ibtmpi.train import InjectedFault, Trainer
 
@@ -77,7 +78,7 @@ def test_outer_sgd_is_sgd_on_the_pseudo_gradient():
 def test_outer_state_is_the_checkpointed_state():
     c, _ = _drive("admm", {"outer": "sgd", "block_momentum": 0.5})
     st = c.state()
-    assert list(c.state_spec()) == ["z", "zg", "v", "U", "rho", "cons_blocks"]
+    assert list(c.state_spec()) == ["z", "zg", "v", "U", "rho", "cons_blocks", "outer_guard"]
     assert st["zg"] is c.outer.zg and st["v"] is c.outer.v
     fresh = make_consensus("admm", np.zeros(1000, np.float32), 3,
                       {"outer": "sgd", "block_momentum": 0.5})
@@ -147,21 +148,74 @@ def test_outer_settings_are_checked(small_dataset):
 
 
 def test_the_overshoot_guard_fires_on_an_amplifying_outer_step(small_dataset, tmp_path):
-    """eta 0.9, zeta 5 (gain 95): the training loss climbs from block 2 on
-    and the run would diverge in block 7; the guard says so at block 3, once,
-    and names the settings. The defaults (gain 1.67) and plain averaging
-    stay quiet."""
+    """eta 0.9, zeta 5 (gain 95): the training loss climbs from block 2 on.
+    Warn-only (algorithm.overshoot_backoff = false), the guard says so at
+    block 3, once, names the settings, and the run diverges at block 8.
+    With the back-off (the default) it says so at the same block, the outer
+    step falls back to the plain average's gain and the run trains to the
+    end. The defaults (gain 1.67) and plain averaging stay quiet."""
     def run(name, *sets):
         logs = []
         c = load(None, [f"data.path={small_dataset}", "model.layers=tiny",
-                        "data.split_size=20", "data.batch=10", "run.passes=1",
+                        "data.split_size=20", "data.batch=10", "run.passes=3",
                         "run.simulate=4", "run.threads=1", "run.quiet=true",
                         f"run.dir={tmp_path / name}", *sets])
-        Trainer(c, log=logs.append).run()
-        return [m for m in logs if "overshoots" in m]
-    said = run("hot", "algorithm.block_momentum=0.9", "algorithm.block_lr=5")
+        t = Trainer(c, log=logs.append)
+        try:
+            t.run()
+            ended = "trained"
+        except Diverged as e:
+            ended = f"diverged at block {e.block}"
+        lines = [h for h in t.history if "outer_overshoot" in h]
+        return [m for m in logs if "overshoots" in m], ended, lines, t
+    hot = ("algorithm.block_momentum=0.9", "algorithm.block_lr=5")
+    said, ended, lines, _ = run("warn", *hot, "algorithm.overshoot_backoff=false")
     assert len(said) == 1 and said[0].startswith(
         "warning: the outer step overshoots: block 3's training loss")
-    assert "95x (algorithm.block_momentum 0.9, block_lr 5)" in said[0]
-    assert run("default") == []
-    assert run("avg", "algorithm.name=admm") == []
+    assert "95x (algorithm.block_momentum 0.9, block_lr 5). Lower" in said[0]
+    assert ended == "diverged at block 8" and [h["block"] for h in lines] == [3]
+    said, ended, lines, t = run("backoff", *hot)
+    assert len(said) == 1 and "95x (algorithm.block_momentum 0.9, block_lr 5): backed off " \
+        "to the plain average's gain from block 4 (zeta x 0.0105, " in said[0]
+    assert ended == "trained" and [h["block"] for h in lines] == [3]
+    assert lines[0]["outer_overshoot"]["factor"] == pytest.approx(1 / 95, rel=1e-5)
+    assert t.cons.outer.guard.factor * t.cons.outer_gain() == pytest.approx(1.0)
+    for name, sets in (("default", ()), ("avg", ("algorithm.name=admm",))):
+        assert run(name, *sets)[:3] == ([], "trained", [])
+
+
+def test_the_guard_alone_follows_its_rule_and_its_state_round_trips():
+    """A loss above max(1.5 x, + 0.25) the lowest one before the last, in two
+    blocks in a row after the warm-up, with a gain above 1: the guard fires
+    there; warn-only it fires once; its four numbers restore it exactly, and
+    a checkpoint written before it existed loads without them."""
+    from ibtmpi.consensus.outer import OvershootGuard
+    seq = [9.0, 1.0, 0.9, 1.2, 1.5, 1.6, 1.0, 2.0, 2.0]   # block 0-1: warm-up
+    g = OvershootGuard(backoff=False)
+    fired = [k for k, x in enumerate(seq) if g.observe(x, k, warm=2, gain=3.0)]
+    assert fired == [5]                 # 1.5 and 1.6 > max(1.35, 1.15); then once only
+    assert not any(OvershootGuard(False).observe(x, k, 2, 1.0) for k, x in enumerate(seq))
+    g = OvershootGuard(backoff=True)
+    got = [g.observe(x, k, 2, 4.0) for k, x in enumerate(seq[:6])]
+    assert got[5] == {"low": 0.9, "factor": 0.25} and g.factor == 0.25
+    assert not any(g.observe(x, k, 2, 4.0) for k, x in enumerate([5.0, 9.0, 20.0], 6))
+    h = OvershootGuard(backoff=False)
+    for k, x in enumerate(seq[:4]):
+        h.observe(x, k, 2, 3.0)
+    again = OvershootGuard(backoff=False)
+    again.load(h.array())
+    assert again.array().tobytes() == h.array().tobytes()
+    assert [again.observe(x, k, 2, 3.0) is not None for k, x in enumerate(seq[4:], 4)] == \
+        [False, True, False, False, False]
+    c = make_consensus("ibt", np.zeros(4, np.float32), 2, {"block_momentum": 0.5})
+    spec = c.state_spec()
+    assert spec["outer_guard"] == ((4,), np.float64, "optional")
+    c.outer.guard.load(np.array([0.5, 1.0, 2.0, 1.0]))
+    st = c.state()
+    d = make_consensus("ibt", np.zeros(4, np.float32), 2, {"block_momentum": 0.5})
+    d.load(st, np.copyto)
+    assert d.outer.guard.array().tobytes() == c.outer.guard.array().tobytes()
+    old = {k: v for k, v in st.items() if k != "outer_guard"}   # an older checkpoint
+    e = make_consensus("ibt", np.zeros(4, np.float32), 2, {"block_momentum": 0.5})
+    e.load(old, np.copyto)
+    assert e.outer.guard.factor == 1.0

@@ -90,12 +90,17 @@ def test_each_key_has_its_owner():
 OLD_ADDED = {"optim": {"schedule", "milestones", "gamma", "decay_passes", "final_ratio",
                        "warmup_passes", "name", "betas", "eps", "reset_state", "clip_norm"},
              "algorithm": {"outer", "outer_schedule"}, "data": {"normalize"}}
+# keys added since the schema (each at its default leaves the digest as it was)
+NEW_KEYS = {"algorithm": {"overshoot_backoff"}}
+for _s, _k in NEW_KEYS.items():
+    OLD_ADDED[_s] = OLD_ADDED[_s] | _k
 OLD_TUNABLE = {"optim": {"lr", "momentum", "weight_decay", "nesterov", "reset_momentum",
                          "betas", "eps", "reset_state", "clip_norm", "schedule", "milestones",
                          "gamma", "decay_passes", "final_ratio", "warmup_passes"},
                "algorithm": {"rho", "l2", "adaptive_rho", "rho_mu", "rho_tau",
                              "over_relaxation", "dual_reset", "block_momentum", "block_lr",
-                             "nesterov", "easgd_beta", "outer_schedule"}}
+                             "nesterov", "easgd_beta", "outer_schedule",
+                             *NEW_KEYS["algorithm"]}}
 
 
 def test_the_collected_lists_are_the_old_ones():

@@ -49,7 +49,10 @@ setup(
                  "scikit-learn", "tensorboardX>=2.6", "safetensors>=0.4",
                  "onnx>=1.14", "onnxruntime>=1.16", "matplotlib>=3.5",
                  "nvidia-cuda-nvrtc-cu12; platform_system == 'Linux'",
-                 "nvidia-cuda-nvrtc>=13; platform_system == 'Linux'"],
+                 "nvidia-cuda-nvrtc>=13; platform_system == 'Linux'",
+                 # the oracle for weights in and out of PyTorch
+                 # (tests/unit/test_torch_twin.py) and bench_step's twin
+                 "torch==2.13.0"],
         "bench": ["torch==2.13.0"],
         "onnx": ["onnx>=1.14", "onnxruntime>=1.16"],
         "plot": ["matplotlib>=3.5"],

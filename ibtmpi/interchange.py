@@ -106,7 +106,7 @@ def load_into(model, layers, path):
         raise TrainedModelError(f"{path}: {e.strerror or e}") from None
     except Exception as e:          # a damaged header: the package's own error
         raise TrainedModelError(f"{path}: not a readable safetensors file ({e})") from None
-    head = max((i for i, l in enumerate(model.layers) if l.kind == "linear"), default=None)
+    head = model.head
     entries = layout(model, layers)
     want = {k for k, *_ in entries}
     extra = sorted(k for k in got if k not in want and not k.endswith("num_batches_tracked"))

@@ -227,6 +227,20 @@ class Model:
         for layer in self.layers:
             layer.seed_rng([seed, 1])
 
+    @property
+    def head(self):
+        """Index in self.layers of the head, the last linear layer (None
+        without one)."""
+        return max((i for i, l in enumerate(self.layers) if l.kind == "linear"),
+                   default=None)
+
+    def head_start(self):
+        """Where the head's parameters start in params (the backbone is
+        params[:head_start()]; optim.backbone_lr_scale), or None."""
+        h = self.head
+        return None if h is None else min(sl.start for li, _n, sl in self.slices
+                                          if li == h)
+
     # -- buffers under the consensus (docs/design.md section 9) ----------------------
     def _buffer_views(self, flat):
         """Per layer, the list of views of `flat` (n_buffers,) that are its

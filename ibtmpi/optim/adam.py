@@ -32,7 +32,7 @@ import math
 import numpy as np
 
 from ..settings import Key, bad, declare
-from .base import Optimizer, Prox, register
+from .base import Optimizer, Prox, _part, register
 
 
 def _betas_setting(value, where):
@@ -128,13 +128,16 @@ class Adam(Optimizer):
         p, wd = self.extra_grad, self.weight_decay
         if self.ops is not None and (p is None or isinstance(p, Prox)):
             c, u, rho = (p.c, p.u, p.rho) if p is not None else (None, None, 0.0)
-            self.ops.adam_update(self.w, g, self.m, self.v, c, u, self.lr, self.b1,
-                                 self.b2, self.eps, wd, rho, bc1, bc2, self.decoupled,
-                                 p is not None)
+            for sl, lr in self.segments(self.lr):
+                self.ops.adam_update(self.w[sl], g[sl], self.m[sl], self.v[sl],
+                                     _part(c, sl), _part(u, sl), lr, self.b1, self.b2,
+                                     self.eps, wd, rho, bc1, bc2, self.decoupled,
+                                     p is not None)
             return
         dt = self.w.dtype.type
-        omb1, omb2, step, bc2s, decay = adam_scalars(self.lr, self.b1, self.b2, wd,
-                                                     bc1, bc2)
+        parts = [(sl, adam_scalars(lr, self.b1, self.b2, wd, bc1, bc2))
+                 for sl, lr in self.segments(self.lr)]
+        omb1, omb2, _, bc2s, _ = parts[0][1]
         w, m, v, tmp = self.w, self.m, self.v, self._tmp
         if wd and not self.decoupled:
             np.multiply(w, dt(wd), out=tmp)
@@ -142,7 +145,8 @@ class Adam(Optimizer):
         if p is not None:
             p(w, g)                       # at w before the decay
         if wd and self.decoupled:
-            w *= dt(decay)
+            for sl, (_, _, _, _, decay) in parts:
+                w[sl] *= dt(decay)
         m *= dt(self.b1)
         np.multiply(g, dt(omb1), out=tmp)
         m += tmp
@@ -154,7 +158,8 @@ class Adam(Optimizer):
         tmp /= dt(bc2s)
         tmp += dt(self.eps)
         np.divide(m, tmp, out=tmp)
-        tmp *= dt(step)
+        for sl, (_, _, step, _, _) in parts:
+            tmp[sl] *= dt(step)
         w -= tmp
 
 

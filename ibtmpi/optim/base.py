@@ -46,6 +46,10 @@ declare(
     Key("clip_norm", 0.0, "clip each step's loss gradient to this L2 norm; 0: off",
         check=non_negative, why="{where} must be >= 0 (0: off), got {v!r}", added=True,
         tunable=True),
+    Key("backbone_lr_scale", 1.0, "the lr of every layer but the head (the last linear "
+        "layer) is lr times this: below 1 for fine-tuning (model.init); 0 freezes them",
+        check=non_negative, why="{where} must be >= 0, got {v!r}", added=True,
+        tunable=True),
     Key("reset_state", "auto", "zero the optimizer state after every sync: auto (sgd: "
         "reset_momentum; adam/adamw: false) | true | false", parse=_reset_state_setting,
         added=True, tunable=True),
@@ -62,6 +66,7 @@ class Optimizer(metaclass=abc.ABCMeta):
     name = ""
     reset_on_sync = True     # make() sets it from optim.reset_state
     clip_norm = 0.0          # make() sets it from optim.clip_norm; 0: off
+    lr_split = None          # make() sets it from optim.backbone_lr_scale: (head start, scale)
 
     def __init__(self, params, lr, extra_grad=None, ops=None):
         if lr <= 0:
@@ -104,6 +109,18 @@ class Optimizer(metaclass=abc.ABCMeta):
         if nrm > self.clip_norm:
             g *= g.dtype.type(self.clip_norm / nrm)
 
+    def segments(self, lr):
+        """The learning rate of each contiguous part of w: ((slice, lr),).
+        One part, or with optim.backbone_lr_scale s != 1 two: w[:h] (the
+        backbone) at lr*s and w[h:] (the head, the last linear layer) at
+        lr. Only the lr-scaled tail of a step goes by part; the gradient
+        clip, the weight decay term and the prox stay global, and each
+        part of a fused GPU step is one launch on contiguous views."""
+        if self.lr_split is None:
+            return ((slice(None), lr),)
+        h, s = self.lr_split
+        return ((slice(0, h), lr * s), (slice(h, None), lr))
+
     # -- state: the only way anybody reads or writes the buffers -------------
     def state_spec(self):
         """{name: (shape, dtype)} of the buffers a checkpoint keeps."""
@@ -125,6 +142,11 @@ class Optimizer(metaclass=abc.ABCMeta):
     def reset(self):
         for buf in self.state().values():
             buf.fill(0)
+
+
+def _part(x, sl):
+    """x[sl], or None where x is (no prox term)."""
+    return None if x is None else x[sl]
 
 
 class Prox:
@@ -157,12 +179,20 @@ def reset_on_sync(o):
     return bool(r)
 
 
-def make(o, params, ops=None):
-    """The optimizer optim.name names, built from the [optim] section."""
+def make(o, params, ops=None, head_start=None):
+    """The optimizer optim.name names, built from the [optim] section;
+    head_start: where the head's parameters start in `params` (needed
+    when optim.backbone_lr_scale is not 1)."""
     name = o["name"]
     if name not in OPTIMIZERS:
         raise ValueError(f"optim.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     opt = OPTIMIZERS[name].from_config(o, params, ops)
     opt.reset_on_sync = reset_on_sync(o)
     opt.clip_norm = float(o.get("clip_norm", 0.0))
+    scale = float(o.get("backbone_lr_scale", 1.0))
+    if scale != 1.0:
+        if head_start is None:
+            raise bad("optim.backbone_lr_scale", f"= {scale:g} needs a model whose head is a "
+                      "linear layer (model.layers has none)")
+        opt.lr_split = (int(head_start), scale)
     return opt

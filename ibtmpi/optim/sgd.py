@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..settings import Key, declare
-from .base import Optimizer, Prox, register
+from .base import Optimizer, Prox, _part, register
 
 declare(
     "optim",
@@ -68,8 +68,10 @@ class SGD(Optimizer):
         p = self.extra_grad
         if self.ops is not None and (p is None or isinstance(p, Prox)):
             c, u, rho = (p.c, p.u, p.rho) if p is not None else (None, None, 0.0)
-            self.ops.sgd_update(self.w, g, self.v, c, u, self.lr, self.momentum,
-                                self.weight_decay, rho, self.nesterov, p is not None)
+            for sl, lr in self.segments(self.lr):
+                self.ops.sgd_update(self.w[sl], g[sl], self.v[sl], _part(c, sl),
+                                    _part(u, sl), lr, self.momentum, self.weight_decay,
+                                    rho, self.nesterov, p is not None)
             self.steps += 1
             return
         dt = self.w.dtype.type
@@ -89,6 +91,7 @@ class SGD(Optimizer):
                 upd = self.v
         else:
             upd = g
-        np.multiply(upd, dt(self.lr), out=self._tmp)
+        for sl, lr in self.segments(self.lr):
+            np.multiply(upd[sl], dt(lr), out=self._tmp[sl])
         self.w -= self._tmp
         self.steps += 1

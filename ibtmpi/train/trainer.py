@@ -274,7 +274,8 @@ class Trainer:
         self.gpu_buffers = bool(gpu_buffers and self.device_state)
         self.model = Model(cfg["model"]["layers"], (c, h, w), self.ds.n_classes,
                            seed=cfg["model"]["seed"], ops=self.dev)
-        self.opt = optim.make(cfg["optim"], self.model.params, ops=self.dev)
+        self.opt = optim.make(cfg["optim"], self.model.params, ops=self.dev,
+                              head_start=self.model.head_start())
         P = self.model.size
         pinned = self._ops is not None and not self.gpu_buffers
         host_empty = self._ops.pinned_empty if pinned else (lambda m: np.empty(m, np.float32))

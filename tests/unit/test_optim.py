@@ -335,3 +335,92 @@ def test_clip_norm_scales_the_loss_gradient_before_decay_and_prox(cls):
     o = {**DEFAULTS["optim"], "clip_norm": 2.5}
     assert optim.make(o, np.zeros(3, np.float32)).clip_norm == 2.5
     assert optim.make(DEFAULTS["optim"], np.zeros(3, np.float32)).clip_norm == 0.0
+
+
+# -- optim.backbone_lr_scale: the backbone at lr * s, the head at lr ---------
+
+def _torch_groups_steps(cls, w0, h, grads, lr, s, wd, clip):
+    """The same steps by torch.optim with two parameter groups (the
+    backbone w[:h] at lr*s, the head w[h:] at lr), the gradient clipped
+    over both as torch.nn.utils.clip_grad_norm_ does: the oracle."""
+    torch = pytest.importorskip("torch")
+    back = torch.nn.Parameter(torch.tensor(w0[:h], dtype=torch.float64))
+    head = torch.nn.Parameter(torch.tensor(w0[h:], dtype=torch.float64))
+    groups = [{"params": [back], "lr": lr * s}, {"params": [head], "lr": lr}]
+    opt = (torch.optim.SGD(groups, lr=lr, momentum=0.9, weight_decay=wd) if cls is SGD
+           else torch.optim.AdamW(groups, lr=lr, weight_decay=wd) if cls is AdamW
+           else torch.optim.Adam(groups, lr=lr, weight_decay=wd))
+    for g in grads:
+        back.grad = torch.tensor(g[:h], dtype=torch.float64)
+        head.grad = torch.tensor(g[h:], dtype=torch.float64)
+        torch.nn.utils.clip_grad_norm_([back, head], clip)
+        opt.step()
+    return np.concatenate([back.detach().numpy(), head.detach().numpy()])
+
+
+@pytest.mark.parametrize("cls", [SGD, Adam, AdamW])
+@pytest.mark.parametrize("s", [0.1, 0.0])
+def test_backbone_lr_scale_is_torchs_two_param_groups(cls, s):
+    """optim.backbone_lr_scale = s through optim.make: each step equals
+    torch.optim's with the backbone in a group at lr*s and the head at lr
+    (the clip over the whole gradient, decoupled decay at each group's
+    lr); s = 0 leaves the backbone where it was (SGD, AdamW; Adam's L2 term
+    moves nothing either). The fused device path (the CuPy stand-in) takes
+    the same steps, one launch per part."""
+    rng = np.random.default_rng(11)
+    P, h, lr, wd, clip = 300, 240, 0.05, 0.01, 4.0
+    w0 = rng.standard_normal(P).astype(np.float32)
+    grads = [(rng.standard_normal(P) * 0.5).astype(np.float32) for _ in range(4)]
+    o = {**DEFAULTS["optim"], "name": cls.name, "lr": lr, "weight_decay": wd,
+         "clip_norm": clip, "backbone_lr_scale": s}
+
+    def run(ops=None):
+        D = (lambda a: a) if ops is None else ops.asarray
+        w = D(w0.copy())
+        opt = optim.make(o, w, ops=ops, head_start=h)
+        assert opt.lr_split == (h, s)
+        for g in grads:
+            opt.step(D(g.copy()))
+        return w if ops is None else ops.asnumpy(w)
+    got = run()
+    want = _torch_groups_steps(cls, w0, h, grads, lr, s, wd, clip)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    if s == 0:
+        np.testing.assert_array_equal(got[:h], w0[:h])
+    assert not np.allclose(got[h:], w0[h:])
+    ops = _Counting()
+    np.testing.assert_allclose(run(ops), got, rtol=1e-5, atol=1e-6)
+    assert ops.calls == [f"{'sgd' if cls is SGD else 'adam'}_update"] * (2 * len(grads))
+
+
+@pytest.mark.parametrize("cls", [SGD, AdamW])
+def test_backbone_lr_scale_one_is_the_plain_step_bitwise(cls):
+    """s = 1 (the default) is one part: the same bits as before the key."""
+    rng = np.random.default_rng(12)
+    w0 = rng.standard_normal(50).astype(np.float32)
+    grads = [rng.standard_normal(50).astype(np.float32) for _ in range(3)]
+    outs = []
+    for o in ({**DEFAULTS["optim"], "name": cls.name},
+              {**DEFAULTS["optim"], "name": cls.name, "backbone_lr_scale": 1.0}):
+        w = w0.copy()
+        opt = optim.make(o, w, head_start=40)
+        assert opt.lr_split is None
+        for g in grads:
+            opt.step(g.copy())
+        outs.append(w)
+    np.testing.assert_array_equal(*outs)
+
+
+def test_backbone_lr_scale_config_and_the_models_head():
+    from ibtmpi.model import Model
+    with pytest.raises(ConfigError, match="backbone_lr_scale"):
+        load(None, ["data.path=x", "optim.backbone_lr_scale=-1"])
+    cfg = load(None, ["data.path=x", "optim.backbone_lr_scale=0.1"])
+    m = Model("reference", (3, 16, 16), 5, seed=0)
+    h = m.head_start()
+    last = [sl for li, _n, sl in m.slices if li == m.head]
+    assert m.layers[m.head].kind == "linear" and h == last[0].start
+    assert m.size - h == sum(sl.stop - sl.start for sl in last)
+    assert optim.make(cfg["optim"], m.params, head_start=h).lr_split == (h, 0.1)
+    with pytest.raises(ConfigError, match="head is a linear layer"):
+        optim.make(cfg["optim"], m.params)

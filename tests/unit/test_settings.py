@@ -91,12 +91,13 @@ OLD_ADDED = {"optim": {"schedule", "milestones", "gamma", "decay_passes", "final
                        "warmup_passes", "name", "betas", "eps", "reset_state", "clip_norm"},
              "algorithm": {"outer", "outer_schedule"}, "data": {"normalize"}}
 # keys added since the schema (each at its default leaves the digest as it was)
-NEW_KEYS = {"algorithm": {"overshoot_backoff"}}
+NEW_KEYS = {"algorithm": {"overshoot_backoff"}, "optim": {"backbone_lr_scale"}}
 for _s, _k in NEW_KEYS.items():
     OLD_ADDED[_s] = OLD_ADDED[_s] | _k
 OLD_TUNABLE = {"optim": {"lr", "momentum", "weight_decay", "nesterov", "reset_momentum",
                          "betas", "eps", "reset_state", "clip_norm", "schedule", "milestones",
-                         "gamma", "decay_passes", "final_ratio", "warmup_passes"},
+                         "gamma", "decay_passes", "final_ratio", "warmup_passes",
+                         *NEW_KEYS["optim"]},
                "algorithm": {"rho", "l2", "adaptive_rho", "rho_mu", "rho_tau",
                              "over_relaxation", "dual_reset", "block_momentum", "block_lr",
                              "nesterov", "easgd_beta", "outer_schedule",

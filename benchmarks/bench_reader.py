@@ -15,8 +15,17 @@ row a chunk, as ibtmpi prep writes), then read back whole (cache=memory's
 fill) and row by row in random order (cache=disk), alternating the two
 variants over --reps repetitions; medians and the ratio.
 
+With --uint16 it compares a uint16 set (16-bit bands kept by prep folder)
+with the same images as uint8: a uint16 copy of the data set (each pixel
+257*v + 0..255, ibtmpi/testing/data16.py), then the loader's images/s for
+both, alternated over --reps repetitions: normalised float32 batches (what
+a CPU worker gets) and raw stored batches (what a GPU worker uploads and
+normalises on the device), cache=disk and cache=memory; medians and the
+uint16/uint8 ratio.
+
 Usage: python benchmarks/bench_reader.py [--data DIR] [--split 496] [--batch 64]
        python benchmarks/bench_reader.py --checksums [--rows 5000] [--reps 5]
+       python benchmarks/bench_reader.py --uint16 [--data DIR] [--reps 5]
 """
 import argparse
 import os
@@ -33,9 +42,9 @@ from ibtmpi.optim import SGD
 from ibtmpi.schedule import Schedule
 
 
-def reader_rate(tr, sched, ds, cache, blocks):
+def reader_rate(tr, sched, ds, cache, blocks, raw=False):
     t_open = time.perf_counter()
-    wd = WorkerData(tr, sched, 0, ds.mean, ds.std, cache=cache, prefetch=True)
+    wd = WorkerData(tr, sched, 0, ds.mean, ds.std, cache=cache, prefetch=True, raw=raw)
     t_ready = time.perf_counter()
     wd.block(0, 0)
     n, t0 = 0, time.perf_counter()
@@ -92,10 +101,43 @@ def main_checksums(a):
         print(f"| {what} | {a0:.3f} s | {a1:.3f} s | {a1 / a0:.2f}x |")
 
 
+def main_uint16(a):
+    from ibtmpi.testing.data16 import uint16_copy
+    wide = a.data.rstrip("/") + "-u16"
+    if not os.path.exists(wide):
+        print(f"making {wide}: {a.data} as uint16")
+        uint16_copy(a.data, wide)
+    threadpool_limits(a.threads)
+    sets = {"uint8": Dataset(a.data), "uint16": Dataset(wide)}
+    res = {}
+    for _ in range(a.reps):
+        for raw in (False, True):
+            for cache in ("disk", "memory"):
+                for name, ds in sets.items():
+                    tr = ds.split("train")
+                    sched = Schedule(tr.n, 1, a.split, a.batch)
+                    rate, _ = reader_rate(tr, sched, ds, cache, a.blocks, raw)
+                    res.setdefault((raw, cache, name), []).append(rate)
+    ds = sets["uint8"]
+    h, w, c = ds.image_shape
+    print(f"{a.data}: {ds.split('train').n} train images {h}x{w}x{c}, split {a.split}, "
+          f"batch {a.batch}, {a.blocks} blocks a measurement, medians of {a.reps} "
+          f"alternated repetitions, {a.threads} BLAS thread(s)")
+    print("| batches | cache | uint8 images/s | uint16 images/s | uint16 / uint8 |")
+    print("|---|---|---|---|---|")
+    for raw in (False, True):
+        for cache in ("disk", "memory"):
+            u8, u16 = (statistics.median(res[(raw, cache, n)]) for n in ("uint8", "uint16"))
+            what = "raw stored (a GPU worker's)" if raw else "normalised float32 (a CPU worker's)"
+            print(f"| {what} | {cache} | {u8:,.0f} | {u16:,.0f} | {u16 / u8:.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--checksums", action="store_true",
                     help="measure the Fletcher-32 checksums' write and read cost instead")
+    ap.add_argument("--uint16", action="store_true",
+                    help="the loader's rate on a uint16 copy of --data against --data")
     ap.add_argument("--rows", type=int, default=5000)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
@@ -111,6 +153,8 @@ def main():
         from ibtmpi.data_prep.prep import prep_synth
         print(f"making {a.data} (25,000 synthetic 64x64 images)...")
         prep_synth(a.data, quiet=True)
+    if a.uint16:
+        return main_uint16(a)
     threadpool_limits(a.threads)
     ds = Dataset(a.data)
     tr = ds.split("train")

@@ -62,8 +62,14 @@ def build_parser(prog="ibtmpi-prep"):
                    "of each image; 4,3,2: those 1-based bands in that order. "
                    "Under all or a list, .tif/.tiff files are read with tifffile "
                    "(any band count, 8/16-bit or float), other images as 3 RGB "
-                   "bands; non-8-bit bands are stored mapped from their range "
-                   "onto 0..255 (docs/data.md)")
+                   "bands; 16-bit unsigned bands are stored as uint16 as they are, "
+                   "other non-8-bit ones mapped from their range onto 0..255 "
+                   "(docs/data.md)")
+    p.add_argument("--depth", default="auto", choices=("auto", "8"),
+                   help="auto (default): a tree of uint16 bands is stored as uint16; "
+                   "8: mapped from each band's range onto 0..255 uint8 (a quarter of "
+                   "the float32 bytes to upload instead of a half, and how sets were "
+                   "stored before)")
     p.add_argument("--strict", action="store_true", help="an unreadable image is an error")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true")
@@ -98,7 +104,7 @@ def main(argv=None, prog="ibtmpi-prep"):
             meta, bad, dt = prep_folder(a.root, a.out, a.size, a.class_map,
                                         parse_ratios(a.split), a.seed, a.shards,
                                         a.strict, a.overwrite, a.quiet,
-                                        parse_bands(a.bands))
+                                        parse_bands(a.bands), a.depth)
             if not a.quiet:
                 print(f"wrote {a.out}: classes {', '.join(meta['classes'])}; " +
                       ", ".join(f"{k} {v['n']}" for k, v in meta["splits"].items())

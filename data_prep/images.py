@@ -17,10 +17,13 @@ A 2-D array is one band. Each band is resized on its own as a float32
 Pillow image (mode "F"), bilinear with reducing_gap 3 like the RGB path;
 a file of the target size is not resampled.
 
-Storage stays uint8, so every reader check (dtype, checksums, sizes) holds
-unchanged: if every image is 8-bit its values are stored as they are
-(rounded after a resize); otherwise each band is mapped linearly from its
-[min, max] over all readable images of the data set onto 0..255, and
+Storage: if every image is 8-bit its values are stored as uint8 as they
+are (rounded after a resize); if every image is 16-bit unsigned (Sentinel-2
+reflectances, 0..10,000 and more) they are stored as uint16 as they are
+(``--depth auto``, the default; dataset.json says ``"dtype": "uint16"``), so
+one saturated pixel squeezes nothing; otherwise (float, signed, mixed
+depths, or ``--depth 8``) each band is mapped linearly from its [min, max]
+over all readable images of the data set onto 0..255 uint8, and
 dataset.json's ``band_scale`` records the map (source = offset + scale *
 stored), which ``ibtmpi predict`` applies to new files. It is a storage
 map, not a learned statistic: no stored value is clipped.
@@ -212,17 +215,23 @@ def size_plan(sizes, size):
     return size, note
 
 
+def depth(dtype):
+    """A source's bit depth as stored as it is: 8 (uint8), 16 (uint16), or 0
+    (anything else: mapped onto 0..255)."""
+    return {np.dtype(np.uint8): 8, np.dtype(np.uint16): 16}.get(np.dtype(dtype), 0)
+
+
 def load_bands(path, size, bands):
-    """(pixels (size, size, C), 8-bit source?) under a --bands choice other
-    than rgb: uint8 from Pillow's RGB, float32 from a TIFF."""
+    """(pixels (size, size, C), the source's depth()) under a --bands choice
+    other than rgb: uint8 from Pillow's RGB, float32 from a TIFF."""
     if not is_tiff(path):
         rgb = load_image(path, size)
-        return rgb[..., _pick(path, 3, bands)], True
+        return rgb[..., _pick(path, 3, bands)], 8
     arr = read_tiff(path)
     arr = arr[..., _pick(path, arr.shape[2], bands)]
     if not np.isfinite(arr).all():
         raise ValueError("NaN or infinite pixel values")
-    return resize_bands(arr, size), arr.dtype == np.uint8
+    return resize_bands(arr, size), depth(arr.dtype)
 
 
 def check_band_counts(paths, bands):
@@ -263,13 +272,14 @@ def band_scale(rows):
     return {"offset": lo.tolist(), "scale": scale.tolist()}
 
 
-def to_stored(x, scale):
-    """uint8 pixels from decoded bands: rounded (scale None, 8-bit sources)
-    or mapped by band_scale's {offset, scale}."""
+def to_stored(x, scale, dtype=np.uint8):
+    """Stored pixels from decoded bands: rounded (scale None: 8-bit sources
+    as uint8, 16-bit ones as uint16) or mapped by band_scale's {offset,
+    scale} onto 0..255."""
     x = np.asarray(x, np.float64)
     if scale is not None:
         x = (x - np.asarray(scale["offset"])) / np.asarray(scale["scale"])
-    return np.clip(np.rint(x), 0, 255).astype(np.uint8)
+    return np.clip(np.rint(x), 0, np.iinfo(dtype).max).astype(dtype)
 
 
 def check_preprocess(pre, c):
@@ -282,17 +292,27 @@ def check_preprocess(pre, c):
             isinstance(sc.get(k), list) and len(sc[k]) == c for k in ("offset", "scale")))):
         raise ValueError(f"bands {pre.get('bands')!r} and band_scale do not describe "
                          f"{c} channels")
-    return {"bands": bands, "band_scale": sc}
+    dtype = pre.get("dtype", "uint8")
+    if dtype not in ("uint8", "uint16") or (dtype == "uint16" and sc is not None):
+        raise ValueError(f"stored dtype {dtype!r} (with band_scale {sc is not None}) is not "
+                         f"one prep folder writes")
+    return {"bands": bands, "band_scale": sc, "dtype": dtype}
 
 
 def load_stored(path, size, c, pre):
-    """uint8 (size, size, c) of one file with a data set's preprocessing
-    (check_preprocess's dict), as prep folder stored its images."""
+    """(size, size, c) of one file with a data set's preprocessing
+    (check_preprocess's dict), as prep folder stored its images: uint8, or
+    uint16 for a set of 16-bit bands."""
     if pre["bands"] == "rgb":
         return load_image(path, size)
-    x, u8 = load_bands(path, size, pre["bands"])
+    x, d = load_bands(path, size, pre["bands"])
     if x.shape[2] != c:
         raise ValueError(f"{x.shape[2]} band(s), the model takes {c}")
-    if pre["band_scale"] is None and not u8:
+    if pre.get("dtype", "uint8") == "uint16":
+        if d != 16:
+            raise ValueError("not a 16-bit image, and the model was trained on 16-bit "
+                             "bands stored as they are")
+        return to_stored(x, None, np.uint16)
+    if pre["band_scale"] is None and d != 8:
         raise ValueError("not an 8-bit image, and the model was trained on 8-bit ones")
     return to_stored(x, pre["band_scale"])

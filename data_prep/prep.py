@@ -162,14 +162,15 @@ def _scratch(tmpdir, shape, dtype):
 
 
 def _decode(items, buf, load, strict, quiet, rgb):
-    """buf[i] = load(path i); (readable mask, 8-bit-source mask, [(path, why)])."""
+    """buf[i] = load(path i); (readable mask, each source's depth (8, 16, 0:
+    images.depth), [(path, why)])."""
     ok = np.zeros(len(items), bool)
-    u8 = np.zeros(len(items), bool)
+    depths = np.zeros(len(items), np.int8)
     bad = []
     with _bar(len(items), "decode", quiet) as bar:
         for i, (p, _) in enumerate(items):
             try:
-                buf[i], u8[i] = load(p)
+                buf[i], depths[i] = load(p)
                 ok[i] = True
             except BandError:                    # the tree, not this file: fatal
                 raise
@@ -182,7 +183,7 @@ def _decode(items, buf, load, strict, quiet, rgb):
                                      f"remove it or drop --strict") from None
                 bad.append((p, why))
             bar.update(1)
-    return ok, u8, bad
+    return ok, depths, bad
 
 
 def _write_splits(w, buf, good, labels, split_id, seed, store=None):
@@ -205,8 +206,10 @@ def _write_splits(w, buf, good, labels, split_id, seed, store=None):
 
 def prep_folder(root, out, size=None, class_map=None, ratios=(0.8, 0.1, 0.1),
                 seed=0, shards=1, strict=False, overwrite=False, quiet=False,
-                bands="rgb"):
+                bands="rgb", depth="auto"):
     """bands: "rgb", "all" or a tuple of 1-based band numbers (images.py);
+    depth: "auto" (a tree of 16-bit bands is stored as uint16 as it is) or
+    "8" (every non-8-bit tree mapped onto 0..255, as before uint16 sets);
     size None: the images' own side, where they all have one square size
     (images.size_plan; what was resized or stretched goes into
     dataset.json's `sizes` and the command's output)."""
@@ -237,7 +240,7 @@ def prep_folder(root, out, size=None, class_map=None, ratios=(0.8, 0.1, 0.1),
     tmpdir = tempfile.mkdtemp(prefix=".prep-", dir=parent)
     try:
         buf = _scratch(tmpdir, shape, dtype)
-        ok, u8, bad = _decode(items, buf, (lambda p: (load_image(p, size), True)) if rgb
+        ok, depths, bad = _decode(items, buf, (lambda p: (load_image(p, size), 8)) if rgb
                               else (lambda p: load_bands(p, size, bands)), strict, quiet, rgb)
         good = np.flatnonzero(ok)
         name_to_idx = {c: i for i, c in enumerate(classes)}
@@ -250,7 +253,9 @@ def prep_folder(root, out, size=None, class_map=None, ratios=(0.8, 0.1, 0.1),
                 f"class(es) {empty} have no readable images under {root}: the model "
                 f"would get an output no sample trains; remove those folders or map "
                 f"them away with --class-map")
-        scale = None if rgb or u8[good].all() else band_scale(
+        keep16 = not rgb and str(depth) == "auto" and (depths[good] == 16).all()
+        stored = np.uint16 if keep16 else np.uint8
+        scale = None if rgb or keep16 or (depths[good] == 8).all() else band_scale(
             buf[good[i:i + 512]] for i in range(0, len(good), 512))
         # Phase 2: stratified split, then the shards
         split_id = stratified_assign(labels, ratios, seed)
@@ -259,13 +264,13 @@ def prep_folder(root, out, size=None, class_map=None, ratios=(0.8, 0.1, 0.1),
                            for s, n in enumerate(("train", "val", "test"))},
                           shards, source=f"folder:{os.path.abspath(root)}",
                           generator="ibtmpi prep folder", seed=seed,
-                          overwrite=overwrite,
+                          overwrite=overwrite, dtype=stored,
                           extra={"class_map": cmap, "skipped": len(bad), "sizes": size_note,
                                  "bands": bands if rgb or bands == "all" else list(bands),
                                  "band_scale": scale})
         with w:
             _write_splits(w, buf, good, labels, split_id, seed,
-                          None if rgb else (lambda x: to_stored(x, scale)))
+                          None if rgb else (lambda x: to_stored(x, scale, stored)))
             meta = w.close()
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -282,7 +287,7 @@ def inspect(path):
     ds = Dataset(path)
     lines = [f"dataset {ds.path}: OK",
              f"  classes ({ds.n_classes}): {', '.join(ds.classes)}",
-             f"  image shape (H, W, C): {ds.image_shape}",
+             f"  image shape (H, W, C): {ds.image_shape}, stored as {ds.dtype}",
              f"  train mean {np.round(ds.mean, 2).tolist()} std "
              f"{np.round(ds.std, 2).tolist()}",
              f"  source: {ds.meta.get('source')}  generator: "

@@ -49,9 +49,9 @@ def ensure_parent(out):
 FILE_OVERHEAD, CHUNK_OVERHEAD = 64 * 1024, 96
 
 
-def needed_bytes(counts, image_shape, n_files):
+def needed_bytes(counts, image_shape, n_files, itemsize=1):
     """About what a data set of these split sizes takes on disk (no compression)."""
-    row = int(np.prod(image_shape)) + 4 + CHUNK_OVERHEAD
+    row = int(np.prod(image_shape)) * itemsize + 4 + CHUNK_OVERHEAD
     return sum(counts.values()) * row + n_files * FILE_OVERHEAD + 4096
 
 
@@ -85,8 +85,14 @@ def shard_names(n_shards):
 class DatasetWriter:
     def __init__(self, out_dir, classes, image_shape, counts, n_shards=1,
                  source="", generator="", seed=None, overwrite=False,
-                 extra=None):
+                 extra=None, dtype=np.uint8):
+        """dtype: of the stored pixels, uint8 or uint16 (16-bit bands kept;
+        dataset.json then says "dtype": "uint16", a uint8 set writes no
+        dtype and stays as it was)."""
         self.out = os.path.abspath(out_dir)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.uint8, np.uint16):
+            raise WriteError(f"images are stored as uint8 or uint16, not {self.dtype}")
         if os.path.exists(self.out) and not overwrite:
             raise WriteError(f"{out_dir} already exists; choose another "
                              f"directory or pass --overwrite")
@@ -103,7 +109,7 @@ class DatasetWriter:
         self.counts = {k: int(v) for k, v in counts.items() if v > 0}
         self.meta = {"source": source, "generator": generator, "seed": seed,
                      **(extra or {})}
-        need = needed_bytes(self.counts, self.image_shape, n_shards + 2)
+        need = needed_bytes(self.counts, self.image_shape, n_shards + 2, self.dtype.itemsize)
         free = free_bytes(parent)
         if need > free:              # before the first byte: HDF5 copes badly with ENOSPC
             raise OSError(errno.ENOSPC, f"No space left on device (the data set needs "
@@ -141,7 +147,7 @@ class DatasetWriter:
         f = h5py.File(os.path.join(self.tmp, name), "w", rdcc_nbytes=0)
         # Fletcher-32 checksums on every chunk: a damaged row is an error
         # naming its file and row on reading, not silently wrong pixels
-        f.create_dataset("images", (n,) + self.image_shape, np.uint8,
+        f.create_dataset("images", (n,) + self.image_shape, self.dtype,
                          chunks=(1,) + self.image_shape, fletcher32=True)
         f.create_dataset("labels", (n,), np.int16 if len(self.classes) < 32000
                          else np.int32, chunks=(min(n, 65536),), fletcher32=True)
@@ -153,8 +159,8 @@ class DatasetWriter:
         """Rows [start, start+len) of `split` (contiguous positions)."""
         images = np.asarray(images)
         labels = np.asarray(labels)
-        if images.dtype != np.uint8 or images.shape[1:] != self.image_shape:
-            raise WriteError(f"images must be uint8 {self.image_shape}, got "
+        if images.dtype != self.dtype or images.shape[1:] != self.image_shape:
+            raise WriteError(f"images must be {self.dtype} {self.image_shape}, got "
                              f"{images.dtype} {images.shape[1:]}")
         end = start + len(images)
         for name, f, s0, cnt in self.files[split]:
@@ -228,7 +234,8 @@ class DatasetWriter:
                 "mean": mean.round(6).tolist(), "std": std.round(6).tolist(),
                 "created": datetime.datetime.now(datetime.timezone.utc)
                 .isoformat(timespec="seconds"),
-                "ibtmpi_version": __version__, **self.meta}
+                "ibtmpi_version": __version__, **self.meta,
+                **({"dtype": self.dtype.name} if self.dtype != np.uint8 else {})}
         path = os.path.join(self.tmp, "dataset.json")
         with open(path, "w") as f:
             json.dump(meta, f, indent=1)

@@ -1,8 +1,9 @@
 """Image preprocessing shared by training, evaluation and prediction, and
 the [data] section's settings.
 
-Stored images are uint8 (n, H, W, C); the model takes float32 NCHW,
-normalised per channel with the train split's mean/std (in 0..255 units).
+Stored images are uint8 (n, H, W, C), or uint16 for 16-bit bands; the model
+takes float32 NCHW, normalised per channel with the train split's mean/std
+(in the stored units: 0..255, or 0..65535).
 Test: tests/unit/test_data.py.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _one_split_rule(cfg):
 
 
 def channel_stats(images, chunk=4096):
-    """Per-channel mean and std (float64, 0..255 units) of uint8 (n,H,W,C)."""
+    """Per-channel mean and std (float64, stored units) of uint8 or uint16 (n,H,W,C)."""
     c = images.shape[-1]
     s = np.zeros(c)
     s2 = np.zeros(c)
@@ -74,7 +75,8 @@ def channel_stats(images, chunk=4096):
 
 
 def normalize(images, mean, std, out=None, dtype=np.float32):
-    """uint8 (n, H, W, C) -> (n, C, H, W) (x - mean) / std in `dtype`."""
+    """uint8 or uint16 (n, H, W, C) -> (n, C, H, W) (x - mean) / std in `dtype`
+    (both convert to float32 exactly)."""
     n, h, w, c = images.shape
     if out is None:
         out = np.empty((n, c, h, w), dtype)
@@ -93,7 +95,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def input_norm(cfg, ds):
-    """(mean, std) float64 (C,), on the stored pixels' scale (0..255), that a
+    """(mean, std) float64 (C,), on the stored pixels' scale (0..255; 0..65535
+    for a uint16 set, whose 0..1 scale is its full range), that a
     run normalises its inputs with: data.normalize = "dataset" (the train
     split's own per-band statistics, dataset.json), "imagenet" (what
     ImageNet-pretrained weights were trained on; 3 bands) or [[means],
@@ -114,4 +117,5 @@ def input_norm(cfg, ds):
         if len(mean) != c or len(std) != c:
             raise ValueError(f"data.normalize gives {len(mean)} means and {len(std)} stds; "
                              f"{ds.path} has {c} band(s)")
-    return (np.asarray(mean, np.float64) * 255.0, np.asarray(std, np.float64) * 255.0)
+    top = float(np.iinfo(getattr(ds, "dtype", np.uint8)).max)
+    return (np.asarray(mean, np.float64) * top, np.asarray(std, np.float64) * top)

@@ -3,8 +3,9 @@
 Layout (written by ``ibtmpi prep``; docs/data.md has the full description):
 ``dataset.json`` (written last) + ``train-0000k-of-0000S.h5`` shards +
 ``val.h5`` + ``test.h5``. Each HDF5 file holds ``images`` uint8 (n, H, W, C)
-chunked one image per chunk and ``labels`` integer (n,), with attributes
-``classes`` (JSON list) and ``image_shape``.
+(uint16 where dataset.json's ``dtype`` says so: 16-bit bands kept by prep
+folder) chunked one image per chunk and ``labels`` integer (n,), with
+attributes ``classes`` (JSON list) and ``image_shape``.
 
 ``Dataset(path)`` checks, before any training: the directory and every
 listed file exist; each file opens as HDF5 and has ``images``/``labels`` of
@@ -26,6 +27,7 @@ from .errors import DatasetError
 FORMAT = "ibtmpi-dataset"
 VERSION = 1
 MAX_IMAGE_BYTES = 64 * 2**20          # refuse absurd per-image shapes
+DTYPES = ("uint8", "uint16")          # dataset.json's dtype (absent: uint8)
 
 
 def _h5():
@@ -121,7 +123,7 @@ class SplitReader:
         return d
 
     def read(self, idx, out=None):
-        """uint8 (len(idx), H, W, C) for global row indices (any order).
+        """(len(idx), H, W, C) of the stored dtype for global row indices (any order).
 
         Consecutive runs inside one file are read as one slice; other rows
         image by image (fancy indexing of random rows is ~15x slower)."""
@@ -129,7 +131,7 @@ class SplitReader:
         handles = self._open()
         shape = handles[0]["images"].shape[1:]
         if out is None:
-            out = np.empty((len(idx),) + shape, np.uint8)
+            out = np.empty((len(idx),) + shape, handles[0]["images"].dtype)
         if len(idx) == 0:
             return out
         if idx.min() < 0 or idx.max() >= self.n:
@@ -206,6 +208,7 @@ class Dataset:
         self._check_meta(meta_path)
         self.classes = list(meta["classes"])
         self.image_shape = tuple(int(s) for s in meta["image_shape"])
+        self.dtype = np.dtype(meta.get("dtype", "uint8"))      # of the stored pixels
         self.mean = np.asarray(meta["mean"], np.float64)
         self.std = np.asarray(meta["std"], np.float64)
         self.splits = {}
@@ -226,9 +229,13 @@ class Dataset:
             if key not in m:
                 raise DatasetError(f"{where}: key {key!r} missing")
         shp = m["image_shape"]
+        if m.get("dtype", "uint8") not in DTYPES:
+            raise DatasetError(f"{where}: dtype {m['dtype']!r} is not one this ibtmpi reads "
+                               f"({', '.join(DTYPES)})")
         if (not isinstance(shp, list) or len(shp) != 3
                 or not all(isinstance(s, int) and s > 0 for s in shp)
-                or int(np.prod(shp)) > MAX_IMAGE_BYTES):
+                or int(np.prod(shp)) * np.dtype(m.get("dtype", "uint8")).itemsize
+                > MAX_IMAGE_BYTES):
             raise DatasetError(f"{where}: bad image_shape {shp!r} "
                                f"(expected [H, W, C] of positive integers)")
         if not m["classes"] or len(set(m["classes"])) != len(m["classes"]):
@@ -286,9 +293,9 @@ class Dataset:
         im, lb = f["images"], f["labels"]
         if not (im.fletcher32 and lb.fletcher32):
             self.unchecked.append(os.path.basename(p))
-        if im.dtype != np.uint8 or im.ndim != 4:
-            raise DatasetError(f"{p}: 'images' must be uint8 (n, H, W, C), "
-                               f"found {im.dtype} with shape {im.shape}")
+        if im.dtype != self.dtype or im.ndim != 4:
+            raise DatasetError(f"{p}: 'images' must be {self.dtype} (n, H, W, C) (dataset.json's "
+                               f"dtype), found {im.dtype} with shape {im.shape}")
         if tuple(im.shape[1:]) != self.image_shape:
             raise DatasetError(
                 f"{p}: images are {tuple(im.shape[1:])}, dataset.json says "

@@ -2,7 +2,7 @@
 
 The loader's prefetch thread reads block b+1 while block b trains and,
 with a DeviceFeed, also writes it into page-locked (pinned) host memory
-(``stage``): the block's uint8 images, labels and augmentation ids, in one
+(``stage``): the block's stored images (uint8 or uint16), labels and augmentation ids, in one
 of two slots. At the block's start ``upload`` issues one host -> device
 copy per minibatch on a copy stream of its own, each followed by an event;
 the compute stream waits for minibatch i's event just before step i, so
@@ -33,12 +33,12 @@ class StagedBlock(list):
 
 
 class _Slot:
-    def __init__(self, ops, cap, shape):
+    def __init__(self, ops, cap, shape, dtype):
         cp = ops.cp
-        self.x = ops.pinned_empty(cap * int(np.prod(shape)), np.uint8).reshape((cap,) + shape)
+        self.x = ops.pinned_empty(cap * int(np.prod(shape)), dtype).reshape((cap,) + shape)
         self.y = ops.pinned_empty(cap, np.int64)
         self.ids = ops.pinned_empty(cap, np.int32)
-        self.dx = cp.empty((cap,) + shape, np.uint8)
+        self.dx = cp.empty((cap,) + shape, dtype)
         self.dy = cp.empty(cap, np.int64)
         self.dids = cp.empty(cap, np.int32)
         self.uploaded = self.consumed = None
@@ -46,14 +46,14 @@ class _Slot:
 
 class DeviceFeed:
     """One worker's feed: cap = the most images a block gives it, shape =
-    (H, W, C) of its images."""
+    (H, W, C) of its images, dtype their stored type (uint8, uint16)."""
 
-    def __init__(self, ops, cap, shape, stream=None):
+    def __init__(self, ops, cap, shape, stream=None, dtype=np.uint8):
         self.ops, self.cp = ops, ops.cp
         self.cap, self.shape = int(cap), tuple(int(s) for s in shape)
         self.stream = stream if stream is not None else self.cp.cuda.Stream(non_blocking=True)
         # made here, in the training thread, on this worker's device
-        self.slots = [_Slot(ops, self.cap, self.shape) for _ in range(2)]
+        self.slots = [_Slot(ops, self.cap, self.shape, np.dtype(dtype)) for _ in range(2)]
         self.device = ops.device_id()
         self._turn = 0
         self.uploads = 0

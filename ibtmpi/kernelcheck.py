@@ -152,6 +152,7 @@ def signatures(path):
 
 
 _CT = {"float*": ctypes.c_void_p, "double*": ctypes.c_void_p, "unsigned char*": ctypes.c_void_p,
+       "unsigned short*": ctypes.c_void_p,
        "long long*": ctypes.c_void_p, "int*": ctypes.c_void_p,
        "int": ctypes.c_int, "long long": ctypes.c_longlong, "float": ctypes.c_float}
 
@@ -160,6 +161,7 @@ def base_type(t):
     """A parameter's type without qualifiers: 'float*', 'long long', ..."""
     base = t.replace("const", "").replace("__restrict__", "").replace(" ", "")
     base = base.replace("unsignedchar", "unsigned char").replace("longlong", "long long")
+    base = base.replace("unsignedshort", "unsigned short")
     if base not in _CT:
         raise KernelError(f"host emulation: unsupported parameter type {t!r}")
     return base

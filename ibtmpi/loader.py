@@ -45,14 +45,15 @@ class WorkerData:
         self.split, self.sched, self.worker = split, schedule, worker
         self.mean, self.std, self.dtype = mean, std, np.dtype(dtype)
         self.augment, self.seed = augment, seed
-        self.raw = raw           # uint8 (k, H, W, C) minibatches: a GPU normalises them
+        self.raw = raw           # stored (k, H, W, C) minibatches: a GPU normalises them
         # with raw: leave the augmentation to the GPU, which gets each
         # image's transform id (the same ids the host would apply)
         self.device_aug = bool(raw and device_aug and augment)
         self.stage = stage       # block(): each block through it (gpu_feed: pinned memory)
         s, e = schedule.ranges[worker]
         self.base = s
-        row_bytes = int(np.prod(split._open()[0]["images"].shape[1:]))
+        images = split._open()[0]["images"]
+        row_bytes = int(np.prod(images.shape[1:])) * images.dtype.itemsize
         if cache == "auto":
             cache = "memory" if (e - s) * row_bytes <= cache_limit else "disk"
         self.cache = cache

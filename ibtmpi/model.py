@@ -338,11 +338,11 @@ class Model:
 
     def forward(self, x, train=False, ids=None):
         """logits (N, K); valid until the next forward call. x: (N, C, H, W)
-        in the model's dtype, or uint8 (N, H, W, C) images once
+        in the model's dtype, or uint8 / uint16 (N, H, W, C) images once
         set_input_norm has been called; ids: with uint8 images, each one's
         dihedral transform 0..7 (loader.dihedral), applied with the
         normalisation."""
-        if x.dtype == np.uint8:
+        if x.dtype == np.uint8 or x.dtype == np.uint16:
             x = self._from_u8(x, ids)
         if self.xp is not np and isinstance(x, np.ndarray):
             x = self.xp.asarray(x)                  # host batch -> device

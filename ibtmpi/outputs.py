@@ -35,8 +35,11 @@ def pyplot():
 
 
 def preprocess_of(meta):
-    """{bands, band_scale} of a data set's dataset.json (RGB when absent)."""
-    return {"bands": meta.get("bands", "rgb"), "band_scale": meta.get("band_scale")}
+    """{bands, band_scale[, dtype]} of a data set's dataset.json (RGB when
+    absent; dtype only for a uint16 set, so a uint8 set's model file is as
+    it was)."""
+    return {"bands": meta.get("bands", "rgb"), "band_scale": meta.get("band_scale"),
+            **({"dtype": meta["dtype"]} if meta.get("dtype", "uint8") != "uint8" else {})}
 
 
 class Trained:

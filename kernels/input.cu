@@ -1,6 +1,7 @@
 // Input normalisation on the device: a worker's minibatch comes up as uint8
 // (N, H, W, C) images, a quarter of the bytes of the float32 (N, C, H, W)
-// tensor the model takes, and becomes that tensor here:
+// tensor the model takes (uint16 for a set of 16-bit bands: half), and
+// becomes that tensor here:
 //   y[n, c, h, w] = float(x[n, h, w, c]) * scale[c] + shift[c]
 // with scale = 1/std and shift = -mean/std (float32, from the data set's
 // statistics). NumPy twin: ibtmpi/data.py normalize, bit for bit: the
@@ -8,8 +9,10 @@
 // fused multiply-add), as NumPy's two passes are.
 
 // One output element t of the (N, C, H, W) tensor; id: image n's
-// transform (0: none).
-__device__ __forceinline__ float normalize_one(const unsigned char* __restrict__ x,
+// transform (0: none). T: the stored pixel type (uint8 or uint16; both
+// convert to float32 exactly).
+template <typename T>
+__device__ __forceinline__ float normalize_one(const T* __restrict__ x,
                                                const float* __restrict__ scale,
                                                const float* __restrict__ shift,
                                                long long t, int id, int H, int W, int C)
@@ -39,16 +42,29 @@ __device__ __forceinline__ float normalize_one(const unsigned char* __restrict__
     return __fadd_rn(__fmul_rn(v, scale[c]), shift[c]);
 }
 
+// The grid-stride loop over the (N, C, H, W) output; ids: each image's
+// transform, or null (none).
+template <typename T>
+__device__ __forceinline__ void normalize_all(const T* __restrict__ x, float* __restrict__ y,
+                                              const float* __restrict__ scale,
+                                              const float* __restrict__ shift,
+                                              const int* __restrict__ ids, int N, int H,
+                                              int W, int C)
+{
+    const long long total = (long long)N * C * H * W;
+    const long long chw = (long long)C * H * W;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (long long)blockDim.x * gridDim.x)
+        y[t] = normalize_one(x, scale, shift, t, ids ? ids[t / chw] : 0, H, W, C);
+}
+
 extern "C" __global__ void normalize_u8(const unsigned char* __restrict__ x,
                                         float* __restrict__ y,
                                         const float* __restrict__ scale,
                                         const float* __restrict__ shift, int N, int H,
                                         int W, int C)
 {
-    const long long total = (long long)N * C * H * W;
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
-         t += (long long)blockDim.x * gridDim.x)
-        y[t] = normalize_one(x, scale, shift, t, 0, H, W, C);
+    normalize_all(x, y, scale, shift, (const int*)0, N, H, W, C);
 }
 
 // The same with the training augmentation folded in: image n is first
@@ -66,9 +82,25 @@ extern "C" __global__ void normalize_u8_aug(const unsigned char* __restrict__ x,
                                             const int* __restrict__ ids, int N, int H,
                                             int W, int C)
 {
-    const long long total = (long long)N * C * H * W;
-    const long long chw = (long long)C * H * W;
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
-         t += (long long)blockDim.x * gridDim.x)
-        y[t] = normalize_one(x, scale, shift, t, ids[t / chw], H, W, C);
+    normalize_all(x, y, scale, shift, ids, N, H, W, C);
+}
+
+// The same two for uint16 images (prep folder keeps 16-bit bands as they are).
+extern "C" __global__ void normalize_u16(const unsigned short* __restrict__ x,
+                                         float* __restrict__ y,
+                                         const float* __restrict__ scale,
+                                         const float* __restrict__ shift, int N, int H,
+                                         int W, int C)
+{
+    normalize_all(x, y, scale, shift, (const int*)0, N, H, W, C);
+}
+
+extern "C" __global__ void normalize_u16_aug(const unsigned short* __restrict__ x,
+                                             float* __restrict__ y,
+                                             const float* __restrict__ scale,
+                                             const float* __restrict__ shift,
+                                             const int* __restrict__ ids, int N, int H,
+                                             int W, int C)
+{
+    normalize_all(x, y, scale, shift, ids, N, H, W, C);
 }

@@ -47,7 +47,8 @@ class _Fn:
 # array of the pointer's element type, a NumPy scalar of the parameter's
 # width (CuPy passes a Python int as 8 bytes and a Python float as a double,
 # which shifts every later argument of an `int` or `float` parameter)
-_ARG = {"float*": np.float32, "double*": np.float64, "unsigned char*": np.uint8, "long long*": np.int64,
+_ARG = {"float*": np.float32, "double*": np.float64, "unsigned char*": np.uint8,
+        "unsigned short*": np.uint16, "long long*": np.int64,
         "int*": np.int32, "int": np.int32, "long long": np.int64, "float": np.float32}
 
 
@@ -385,7 +386,7 @@ class FakeCupy:
     def __init__(self):
         self.cuda = _Cuda()
         self._core = type("core", (), {"_routines_linalg": COMPUTE})()
-    int64, uint8, float32 = np.int64, np.uint8, np.float32
+    int64, uint8, uint16, float32 = np.int64, np.uint8, np.uint16, np.float32
 
     @staticmethod
     def get_default_memory_pool():

@@ -110,8 +110,8 @@ class Trainer:
         self._wire_compute(device_ops, gpu_buffers, master_ops)
         t2 = time.perf_counter()
         self.eval_ops = master_ops if master_ops is not None else self.dev
-        # GPU workers get uint8 minibatches (a quarter of the bytes to
-        # upload) and normalise them on the device (kernels/input.cu); under
+        # GPU workers get the stored uint8 (or uint16) minibatches (a quarter
+        # (a half) of the bytes to upload) and normalise them on the device (kernels/input.cu); under
         # the block algorithms through a feed (gpu_feed: pinned memory, a
         # copy stream, the augmentation on the device too)
         feeds = {}
@@ -121,7 +121,7 @@ class Trainer:
             copy = self.dev.cp.cuda.Stream(non_blocking=True)
             feeds = {i: DeviceFeed(self.dev, max(self.sched.split_len(i, 0),
                                                  self.sched.split_len(i, last)),
-                                   self.ds.image_shape, copy)
+                                   self.ds.image_shape, copy, self.ds.dtype)
                      for i in self.local}
         loaders = {i: WorkerData(tr, self.sched, i, self.norm_mean, self.norm_std,
                                  d["augment"], d["seed"], d["cache"],

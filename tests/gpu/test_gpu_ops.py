@@ -264,6 +264,10 @@ def test_gap_add_relu_and_input_normalisation(g):
     y = g.normalize_u8(u8, g.asarray((1 / std).astype(np.float32)),
                        g.asarray((-mean / std).astype(np.float32)))
     assert g.asnumpy(y).tobytes() == normalize(u8, mean, std).tobytes()   # no FMA
+    u16 = RNG.integers(0, 65536, (5, 16, 16, 3)).astype(np.uint16)      # 16-bit bands
+    y = g.normalize_u8(u16, g.asarray((1 / (std * 257)).astype(np.float32)),
+                       g.asarray((-mean / std).astype(np.float32)))
+    assert g.asnumpy(y).tobytes() == normalize(u16, mean * 257, std * 257).tobytes()
 
 
 def test_avgpool_model_step_matches_the_numpy_engine(g):

@@ -100,6 +100,36 @@ def test_shape_mismatch_between_shards(ds):
         Dataset(ds)
 
 
+def test_stored_dtype_is_dataset_jsons(ds):
+    """A shard of another pixel type than dataset.json's dtype (uint8 when
+    absent) is refused naming the file; a dtype this ibtmpi does not read
+    too; a uint16 set (every shard uint16, "dtype": "uint16") reads back
+    as uint16."""
+    rewrite(shard(ds, 2), images=lambda im: im.astype(np.uint16))
+    with pytest.raises(DatasetError, match=r"train-00002-of-00003\.h5: 'images' must be uint8"
+                                           r".*found uint16"):
+        Dataset(ds)
+    p = os.path.join(ds, "dataset.json")
+    meta = json.load(open(p))
+    json.dump({**meta, "dtype": "float32"}, open(p, "w"))
+    with pytest.raises(DatasetError, match="dtype 'float32' is not one this ibtmpi reads"):
+        Dataset(ds)
+    json.dump({**meta, "dtype": "uint16"}, open(p, "w"))
+    with pytest.raises(DatasetError, match=r"'images' must be uint16.*found uint8"):
+        Dataset(ds)
+    want = {}
+    for f in meta["splits"]["train"]["files"] + ["val.h5", "test.h5"]:
+        with h5py.File(os.path.join(ds, f)) as h:
+            want[f] = h["images"][:].astype(np.uint16) * 257          # 0..65535
+        rewrite(os.path.join(ds, f), images=lambda im, f=f: want[f])
+    d = Dataset(ds)
+    assert d.dtype == np.uint16
+    rows = d.split("train").read([3, 0])
+    assert rows.dtype == np.uint16 and rows.max() > 255
+    np.testing.assert_array_equal(rows, np.concatenate(
+        [want[f] for f in meta["splits"]["train"]["files"]])[[3, 0]])
+
+
 def test_label_out_of_range(ds):
     def bad(lb):
         lb = lb.copy()

@@ -154,35 +154,44 @@ def test_eval_device_gpu_without_one_is_refused(small_dataset, tmp_path):
         load(None, [f"data.path={small_dataset}", "run.eval_device=tpu"])
 
 
-def test_gpu_workers_upload_uint8_minibatches(small_dataset, tmp_path):
-    """GPU workers get their minibatches as uint8 images (a quarter of the
-    float32 bytes to upload) and normalise them on the device: every local
-    step's batch goes through normalize_u8, and the run equals the one whose
-    minibatches were normalised on the host (bit for bit: the kernel is
+@pytest.mark.parametrize("dt", ["uint8", "uint16"])
+def test_gpu_workers_upload_uint8_minibatches(small_dataset, tmp_path, dt):
+    """GPU workers get their minibatches as the stored uint8 images (a
+    quarter of the float32 bytes to upload; uint16 for 16-bit bands, with
+    the augmentation on the device too) and normalise them on the device:
+    every local step's batch goes through normalize_u8 (normalize_u16[_aug]
+    for uint16), and the run equals the one whose minibatches were
+    augmented and normalised on the host (bit for bit: the kernel is
     data.normalize's arithmetic)."""
+    from ibtmpi.testing.data16 import uint16_copy
+    data = small_dataset if dt == "uint8" else uint16_copy(small_dataset, tmp_path / "d16")
+    aug = ["data.augment=true"] if dt == "uint16" else []
     ops = GpuOps(cp=FakeCupy())
     calls = []
     real = ops.normalize_u8
     ops.normalize_u8 = lambda x, *a, **k: (calls.append(x.dtype), real(x, *a, **k))[1]
-    c = load(None, [f"data.path={small_dataset}", "algorithm.name=ibt", "data.split_size=40",
+    c = load(None, [f"data.path={data}", "algorithm.name=ibt", "data.split_size=40",
                     "data.batch=16", "model.layers=tiny", "run.passes=0.5", "run.quiet=true",
                     f"run.dir={tmp_path / 'u8'}", "run.simulate=2", "run.threads=1",
-                    "run.eval_device=cpu", "run.cuda_graphs=off"])   # every step from Python
+                    "run.eval_device=cpu", "run.cuda_graphs=off"] + aug)   # every step from Python
     t = Trainer(c, log=lambda m: None, device_ops=ops)
     assert all(ld.raw for ld in t.workers.loaders.values())
     t.run()
     steps = sum(len(mb) for ld in t.workers.loaders.values() for mb in [ld.load(0, 0)])
-    assert calls and set(calls) == {np.dtype(np.uint8)} and len(calls) >= steps
-    c2 = load(None, [f"data.path={small_dataset}", "algorithm.name=ibt", "data.split_size=40",
+    assert calls and set(calls) == {np.dtype(dt)} and len(calls) >= steps
+    c2 = load(None, [f"data.path={data}", "algorithm.name=ibt", "data.split_size=40",
                      "data.batch=16", "model.layers=tiny", "run.passes=0.5", "run.quiet=true",
                      f"run.dir={tmp_path / 'f32'}", "run.simulate=2", "run.threads=1",
-                     "run.eval_device=cpu"])
+                     "run.eval_device=cpu"] + aug)
     t2 = Trainer(c2, log=lambda m: None, device_ops=GpuOps(cp=FakeCupy()))
     for ld in t2.workers.loaders.values():
         ld.raw = False                       # the float32 batches of before
+        ld.device_aug = False                # (augmented on the host)
         ld.stage = None                      # (host batches, not through the feed)
     t2.run()
     assert t.z.tobytes() == t2.z.tobytes()
+    if dt == "uint16":                       # and it trained on the low bits too
+        assert t.ds.dtype == np.uint16 and t.workers.feeds[0].slots[0].x.dtype == np.uint16
 
 
 def test_master_device_is_validated_and_one_process_keeps_the_host_state(small_dataset,

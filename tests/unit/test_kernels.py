@@ -419,37 +419,49 @@ def test_adam_update_kernel_matches_reference_and_adam_class(mods, grid, decoupl
     assert cw.tobytes() == one.tobytes()
 
 
+KIND = {np.uint8: "u8", np.uint16: "u16"}
+
+
+def _pixels(shape, dt):
+    """Random stored pixels over dt's whole range, and a mean/std on its scale."""
+    top = np.iinfo(dt).max
+    x = RNG.integers(0, top + 1, shape).astype(dt)
+    c = shape[-1]
+    return x, RNG.random(c) * 0.8 * top + 0.04 * top, RNG.random(c) * 0.25 * top + 0.02 * top
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.uint16])
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("shape", [(3, 5, 4, 3), (2, 6, 7, 4), (1, 3, 3, 13)])
-def test_normalize_u8_is_data_normalize_bitwise(mods, grid, shape):
+def test_normalize_u8_is_data_normalize_bitwise(mods, grid, shape, dt):
+    """normalize_u8 and normalize_u16 (16-bit bands): data.normalize's bits."""
     from ibtmpi.data import normalize
     n, h, w, c = shape
-    x = RNG.integers(0, 256, shape).astype(np.uint8)
-    mean = RNG.random(c) * 200 + 10
-    std = RNG.random(c) * 60 + 5
+    x, mean, std = _pixels(shape, dt)
     scale = (1.0 / std).astype(np.float32)
     shift = (-mean / std).astype(np.float32)
     y = np.empty((n, c, h, w), np.float32)
-    mods["input"].normalize_u8(*grid, x, y, scale, shift, n, h, w, c)
+    getattr(mods["input"], f"normalize_{KIND[dt]}")(*grid, x, y, scale, shift, n, h, w, c)
     assert y.tobytes() == normalize(x, mean, std).tobytes()
 
 
+@pytest.mark.parametrize("dt", [np.uint8, np.uint16])
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("shape", [(8, 5, 5, 3), (8, 6, 4, 2), (9, 1, 1, 3), (8, 7, 7, 1)])
-def test_normalize_u8_aug_is_dihedral_then_normalize_bitwise(mods, grid, shape):
+def test_normalize_u8_aug_is_dihedral_then_normalize_bitwise(mods, grid, shape, dt):
     """Every transform id on square and non-square images: the kernel's
     output is loader.dihedral on the host followed by data.normalize."""
     from ibtmpi.data import normalize
     from ibtmpi.loader import dihedral
     n, h, w, c = shape
-    x = RNG.integers(0, 256, shape).astype(np.uint8)
+    x, mean, std = _pixels(shape, dt)
     ids = (np.arange(n) % 8).astype(np.int32)
     RNG.shuffle(ids)
-    mean, std = RNG.random(c) * 200 + 10, RNG.random(c) * 60 + 5
     scale = (1.0 / std).astype(np.float32)
     shift = (-mean / std).astype(np.float32)
     y = np.empty((n, c, h, w), np.float32)
-    mods["input"].normalize_u8_aug(*grid, x, y, scale, shift, ids, n, h, w, c)
+    getattr(mods["input"], f"normalize_{KIND[dt]}_aug")(*grid, x, y, scale, shift, ids,
+                                                       n, h, w, c)
     want = normalize(dihedral(x.copy(), ids), mean, std)
     assert y.tobytes() == want.tobytes()
     if h > 1 and w > 1:                     # not the identity: the ids matter

@@ -417,14 +417,17 @@ def test_device_adam_is_one_launch_a_step_equal_to_the_host_class(g, cls):
     assert g.asnumpy(fresh.v).tobytes() == saved["v"].tobytes()
 
 
-def test_normalize_u8_launcher_uploads_uint8_and_is_data_normalize(g):
-    """A uint8 (N, H, W, C) host batch goes up as uint8 and comes out as
-    data.normalize's float32 (N, C, H, W), bit for bit; a model with
-    set_input_norm takes the uint8 batch as it takes the float one."""
+@pytest.mark.parametrize("dt", [np.uint8, np.uint16])
+def test_normalize_u8_launcher_uploads_uint8_and_is_data_normalize(g, dt):
+    """A uint8 (uint16: 16-bit bands) (N, H, W, C) host batch goes up as it
+    is and comes out as data.normalize's float32 (N, C, H, W), bit for bit;
+    a model with set_input_norm takes the stored batch as it takes the
+    float one. Another integer type is refused."""
     from ibtmpi.data import normalize
     from ibtmpi.model import Model
-    x = RNG.integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
-    mean, std = np.array([120.0, 110.0, 100.0]), np.array([60.0, 55.0, 50.0])
+    top = np.iinfo(dt).max / 255.0
+    x = RNG.integers(0, np.iinfo(dt).max + 1, (4, 8, 8, 3)).astype(dt)
+    mean, std = np.array([120.0, 110.0, 100.0]) * top, np.array([60.0, 55.0, 50.0]) * top
     scale = g.asarray((1.0 / std).astype(np.float32))
     shift = g.asarray((-mean / std).astype(np.float32))
     y = g.normalize_u8(x, scale, shift)
@@ -434,6 +437,8 @@ def test_normalize_u8_launcher_uploads_uint8_and_is_data_normalize(g):
     a = g.asnumpy(m.forward(x, train=False)).copy()
     b = g.asnumpy(m.forward(normalize(x, mean, std), train=False))
     assert a.tobytes() == b.tobytes()
+    with pytest.raises(TypeError, match="uint8 or uint16"):
+        g.normalize_u8(x.astype(np.int32), scale, shift)
 
 
 def test_normalize_u8_aug_launcher_is_host_augmentation_then_normalize(g):
@@ -446,7 +451,12 @@ def test_normalize_u8_aug_launcher_is_host_augmentation_then_normalize(g):
     x = RNG.integers(0, 256, (8, 8, 8, 3)).astype(np.uint8)
     ids = np.arange(8, dtype=np.int64)[::-1].copy()
     mean, std = np.array([120.0, 110.0, 100.0]), np.array([60.0, 55.0, 50.0])
-    host = normalize(dihedral(x.copy(), ids), mean, std)
+    x16 = (x.astype(np.uint16) * 257) ^ RNG.integers(0, 256, x.shape).astype(np.uint16)
+    for xx, k in ((x16, 257.0), (x, 1.0)):          # uint16 through normalize_u16_aug
+        host = normalize(dihedral(xx.copy(), ids), mean * k, std * k)
+        y = g.normalize_u8(xx, g.asarray((1.0 / (std * k)).astype(np.float32)),
+                           g.asarray((-mean / std).astype(np.float32)), ids=g.asarray(ids))
+        assert g.asnumpy(y).tobytes() == host.tobytes()
     y = g.normalize_u8(x, g.asarray((1.0 / std).astype(np.float32)),
                        g.asarray((-mean / std).astype(np.float32)), ids=g.asarray(ids))
     assert g.asnumpy(y).tobytes() == host.tobytes()

@@ -27,6 +27,16 @@ def test_the_three_forms_on_the_stored_pixels_scale(small_dataset):
         input_norm(load(None, ["data.path=x", "data.normalize=[[0.5, 0.5], [0.2, 0.2]]"]), ds)
 
 
+def test_the_0_1_scale_of_a_uint16_set_is_its_full_range(small_dataset, tmp_path):
+    from ibtmpi.testing.data16 import uint16_copy
+    ds = Dataset(uint16_copy(small_dataset, tmp_path / "d16"))
+    m, s = input_norm(load(None, ["data.path=x", 'data.normalize="imagenet"']), ds)
+    np.testing.assert_allclose(m, np.array(IMAGENET_MEAN) * 65535)
+    np.testing.assert_allclose(s, np.array(IMAGENET_STD) * 65535)
+    m, s = input_norm(load(None, ["data.path=x"]), ds)
+    assert m.tolist() == list(ds.mean) and min(m) > 255        # stored units
+
+
 @pytest.mark.parametrize("bad", ['"imagenette"', "[[0.5], [0]]", "[[0.5, 0.4], [0.2]]", "3"])
 def test_a_bad_value_is_one_line(bad):
     with pytest.raises(ConfigError, match=r"data.normalize must be \"dataset\", \"imagenet\""):

@@ -238,12 +238,13 @@ def make_band_tree(root, n_bands, dtype, planar, n=6, side=20, seed=0):
     return src
 
 
-def stored_oracle(src, dtype):
+def stored_oracle(src, dtype, depth="auto"):
     """What --bands all must store for these sources (size = source size):
-    8-bit as read; otherwise each band's min..max over all images onto 0..255."""
+    8-bit as read, 16-bit unsigned as read (uint16; --depth 8: mapped);
+    otherwise each band's min..max over all images onto 0..255."""
     allpix = np.concatenate([a for v in src.values() for a in v]).astype(np.float64)
     allpix = allpix.reshape(-1, allpix.shape[-1])
-    if dtype == np.uint8:
+    if dtype == np.uint8 or (dtype == np.uint16 and depth == "auto"):
         return {c: [a.copy() for a in v] for c, v in src.items()}, None
     lo, hi = allpix.min(0), allpix.max(0)
     scale = (hi - lo) / 255
@@ -257,18 +258,25 @@ def rows_by_class(ds):
     return {c: sorted(map(bytes, rows[labels == k])) for k, c in enumerate(ds.classes)}
 
 
-@pytest.mark.parametrize("n_bands,dtype,planar", [(4, np.uint16, False), (4, np.uint16, True),
-                                                  (13, np.float32, True), (13, np.int16, False),
-                                                  (4, np.uint8, True)])
-def test_bands_keep_the_source_pixels(tmp_path, n_bands, dtype, planar):
+@pytest.mark.parametrize("n_bands,dtype,planar,depth", [
+    (4, np.uint16, False, "auto"), (4, np.uint16, True, "auto"), (4, np.uint16, True, "8"),
+    (13, np.float32, True, "auto"), (13, np.int16, False, "auto"), (4, np.uint8, True, "auto")])
+def test_bands_keep_the_source_pixels(tmp_path, n_bands, dtype, planar, depth):
+    """Every image stored as its source: 8-bit and 16-bit unsigned bands as
+    they are (uint16 shards for the latter, dataset.json's dtype), others
+    (and 16-bit under --depth 8) mapped from each band's range onto 0..255."""
     root = tmp_path / "tree"
     src = make_band_tree(root, n_bands, dtype, planar)
-    want, scale = stored_oracle(src, dtype)
+    want, scale = stored_oracle(src, dtype, depth)
     out = str(tmp_path / "all")
     assert prep_main(["folder", str(root), out, "--bands", "all", "--size", "20",
-                      "--split", "0.5,0.25,0.25", "--quiet"]) == 0
+                      "--split", "0.5,0.25,0.25", "--quiet", "--depth", depth]) == 0
     ds = Dataset(out)
     assert ds.image_shape == (20, 20, n_bands) and ds.meta["channels"] == n_bands
+    kept16 = dtype == np.uint16 and depth == "auto"
+    assert ds.dtype == (np.uint16 if kept16 else np.uint8)
+    assert ds.meta.get("dtype") == ("uint16" if kept16 else None)
+    assert ds.split("train").read([0, 1]).dtype == ds.dtype
     assert ds.meta["bands"] == "all"
     if scale is None:
         assert ds.meta["band_scale"] is None
@@ -285,7 +293,7 @@ def test_bands_keep_the_source_pixels(tmp_path, n_bands, dtype, planar):
     # a selection: those bands in that order, each band scaled as under all
     sel = str(tmp_path / "sel")
     assert prep_main(["folder", str(root), sel, "--bands", "4,3,2", "--size", "20",
-                      "--split", "0.5,0.25,0.25", "--quiet"]) == 0
+                      "--split", "0.5,0.25,0.25", "--quiet", "--depth", depth]) == 0
     ds = Dataset(sel)
     assert ds.image_shape == (20, 20, 3) and ds.meta["bands"] == [4, 3, 2]
     assert rows_by_class(ds) == {c: sorted(bytes(np.ascontiguousarray(a[..., [3, 2, 1]]))
@@ -413,9 +421,9 @@ def test_bands_of_rgb_images(tmp_path, capsys):
 
 
 def test_bands_train_evaluate_predict(tmp_path, capsys):
-    """A 4-band uint16 set through the CLI: the model's input has 4
-    channels, evaluate runs, and predict reads the source TIFFs into the
-    stored values (band_scale) the model was trained on."""
+    """A 4-band uint16 set through the CLI (stored as uint16): the model's
+    input has 4 channels, evaluate runs, and predict reads the source TIFFs
+    into the stored values the model was trained on."""
     from ibtmpi.cli import main
     from ibtmpi.outputs import load_trained
     from conftest import train_args

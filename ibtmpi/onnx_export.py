@@ -1,7 +1,9 @@
 """ONNX export of a trained model (needs the 'onnx' extra).
 
-Graph: input ``image`` float32 (N, C, H, W), RAW pixel values 0..255 as
-stored (RGB, or the data set's bands in prep's uint8 units), NCHW; the training normalisation is folded in as Sub(mean) and Div(std);
+Graph: input ``image`` float32 (N, C, H, W), RAW pixel values as stored
+(RGB 0..255, or the data set's bands in prep's units: 0..255, or 0..65,535
+for a uint16 set), NCHW; the training normalisation is folded in as
+Sub(mean) and Div(std);
 then each layer's own node(s) in the model's layer order (``Layer.onnx``
 in ibtmpi/layers/: Conv, MaxPool, AveragePool, Relu, Flatten, Gemm;
 dropout is the identity at inference); outputs ``logits`` (N, K) and

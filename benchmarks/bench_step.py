@@ -46,7 +46,7 @@ def torch_net(spec, input_shape, n_classes):
         if isinstance(layer, ReLU):
             return nn.ReLU(inplace=True)
         if isinstance(layer, MaxPool2d):
-            return nn.MaxPool2d(layer.k, layer.stride)
+            return nn.MaxPool2d(layer.k, layer.stride, layer.pad)
         if isinstance(layer, AvgPool2d):
             return nn.AvgPool2d(layer.k, layer.stride)
         if isinstance(layer, GlobalAvgPool):

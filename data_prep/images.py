@@ -293,7 +293,8 @@ def check_preprocess(pre, c):
         raise ValueError(f"bands {pre.get('bands')!r} and band_scale do not describe "
                          f"{c} channels")
     dtype = pre.get("dtype", "uint8")
-    if dtype not in ("uint8", "uint16") or (dtype == "uint16" and sc is not None):
+    if dtype not in ("uint8", "uint16") or (dtype == "uint16" and (sc is not None
+                                                                  or bands == "rgb")):
         raise ValueError(f"stored dtype {dtype!r} (with band_scale {sc is not None}) is not "
                          f"one prep folder writes")
     return {"bands": bands, "band_scale": sc, "dtype": dtype}

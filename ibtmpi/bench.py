@@ -296,7 +296,11 @@ def paired_gap(base_dir, other_dir, data, split="test"):
 def _right(run_dir, x, y):
     """1.0 where the run's trained model classifies an image right, else 0.0."""
     from .outputs import load_trained
-    return (load_trained(run_dir).probs(x).argmax(1) == y).astype(float)
+    tm = load_trained(run_dir)
+    if x.dtype != tm.dtype:
+        raise ValueError(f"the held-out set stores {x.dtype} pixels, {run_dir} was trained "
+                         f"on {tm.dtype} ones")
+    return (tm.probs(x).argmax(1) == y).astype(float)
 
 
 def report(run_dirs, out_dir, target_pt=0.5, holdout=None):

@@ -275,6 +275,10 @@ def cmd_evaluate(args):
             raise UsageError(f"{args.data} has images {ds.image_shape}, the model takes "
                              f"{tm.image_shape} (H, W, C); re-import with "
                              f"`ibtmpi prep ... --size {tm.image_shape[0]}`")
+        try:
+            tm.check_data(ds, args.data)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         sp = ds.split(args.split)
         if args.out and rank == 0:     # before the work: a bad --out fails at once
             try:
@@ -411,7 +415,8 @@ def cmd_export(args):
     if args.onnx:
         print(f"wrote {args.onnx}: {len(model.graph.node)} nodes; input 'image' float32 "
               f"(N, {', '.join(map(str, tm.model.input_shape))}) "
-              f"{'RGB' if tm.image_shape[2] == 3 else 'stored band values'} 0..255 "
+              f"{'RGB' if tm.image_shape[2] == 3 else 'stored band values'} "
+              f"0..{tm.stored_max:,.0f} "
               f"(normalisation folded in); outputs 'logits', 'probs' over "
               f"{', '.join(tm.classes)}")
     if args.safetensors:

@@ -155,8 +155,8 @@ def export(tm, path):
     tensors = state_dict(tm.model, tm.layers)
     meta = {"format": "pt", "ibtmpi": json.dumps({
         "layers": tm.layers, "input_shape": list(tm.model.input_shape),
-        "classes": tm.classes, "mean": [m / 255.0 for m in tm.mean.tolist()],
-        "std": [s / 255.0 for s in tm.std.tolist()],
+        "classes": tm.classes, "mean": [m / tm.stored_max for m in tm.mean.tolist()],
+        "std": [s / tm.stored_max for s in tm.std.tolist()],
         "names": "torchvision" if isinstance(tm.layers, str) and tm.layers in TWINS
         else "ibtmpi"})}
     from .fsutil import replace_file        # never through a planted link

@@ -55,8 +55,8 @@ def build(trained):
                               producer_name="ibtmpi", ir_version=IR_VERSION)
     model.metadata_props.add(key="classes", value=",".join(trained.classes))
     model.metadata_props.add(key="input", value=(
-        "float32 NCHW " + ("RGB" if c == 3 else f"{c}-band") + " pixel values 0..255 "
-        "as stored; normalisation folded in"))
+        "float32 NCHW " + ("RGB" if c == 3 else f"{c}-band") + " pixel values "
+        f"0..{trained.stored_max:.0f} as stored; normalisation folded in"))
     onnx.checker.check_model(model)
     return model
 

@@ -47,6 +47,7 @@ class Trained:
                  buffers=None, preprocess=None):
         self.classes = list(classes)
         self.preprocess = preprocess or {"bands": "rgb", "band_scale": None}
+        self.dtype = np.dtype(self.preprocess.get("dtype", "uint8"))   # its stored pixels
         self.mean = np.asarray(mean, np.float64)
         self.std = np.asarray(std, np.float64)
         self.source = source
@@ -99,6 +100,22 @@ class Trained:
     def image_shape(self):                      # (H, W, C)
         c, h, w = self.model.input_shape
         return (h, w, c)
+
+    @property
+    def stored_max(self):
+        """The stored pixels' full range (255, or 65,535 for uint16): what
+        the 0..1 scale of a normalisation (safetensors metadata,
+        data.normalize) is a fraction of."""
+        return float(np.iinfo(self.dtype).max)
+
+    def check_data(self, ds, where):
+        """A one-line ValueError where the data set's stored type is not
+        the one this model was trained on (its normalisation would be off
+        by 257x)."""
+        if ds.dtype != self.dtype:
+            raise ValueError(f"{where} stores {ds.dtype} pixels, the model was trained on "
+                             f"{self.dtype} ones (prep folder --depth decides): use a data "
+                             f"set stored as the training set was")
 
     def probs(self, images_u8, batch=256):
         from .data import normalize

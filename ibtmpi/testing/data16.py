@@ -2,8 +2,9 @@
 16-bit bands `prep folder` keeps, without needing 16-bit source images.
 
 Each pixel v becomes 257*v + a seeded 0..255 (the whole 16-bit range, with
-low bits that matter); dataset.json gets "dtype": "uint16" and the train
-split's statistics of the new pixels. Shards keep one image a chunk and
+low bits that matter); dataset.json gets "dtype": "uint16", the bands of
+a `prep folder --bands all` set (so predict reads 16-bit TIFFs for it) and
+the train split's statistics of the new pixels. Shards keep one image a chunk and
 Fletcher-32 checksums, as prep writes them.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ def uint16_copy(src, dst, seed=16):
                 for k, v in at.items():
                     h.attrs[k] = v
     mean = s / n
-    meta.update(dtype="uint16", mean=mean.tolist(),
+    meta.update(dtype="uint16", bands="all", band_scale=None, mean=mean.tolist(),
                 std=np.sqrt(np.maximum(s2 / n - mean * mean, 1e-12)).tolist())
     json.dump(meta, open(os.path.join(dst, "dataset.json"), "w"), indent=1)
     return str(dst)

@@ -431,9 +431,10 @@ class Checkpointer:
         except ValueError:
             pass
         mean = std = None
-        if info.get("mean") and info.get("std"):
-            mean = np.asarray(info["mean"], np.float64) * 255.0
-            std = np.asarray(info["std"], np.float64) * 255.0
+        if info.get("mean") and info.get("std"):        # 0..1: the stored type's range
+            top = float(np.iinfo(self.ds.dtype).max)
+            mean = np.asarray(info["mean"], np.float64) * top
+            std = np.asarray(info["std"], np.float64) * top
         return SimpleNamespace(model=m, classes=list(self.ds.classes), mean=mean, std=std,
                                source=path, layers=layers, notes=notes)
 

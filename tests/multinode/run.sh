@@ -225,10 +225,7 @@ CONF
              --export=ALL \
              --output="$WORK/$tpl-%j.out" "$ROOT/slurm/$tpl.sbatch" run.toml \
              --set run.dir="$WORK/$tpl")
-        for k in $(seq 1 300); do
-            squeue -h -j "$id" 2>/dev/null | grep -q . || break
-            sleep 1
-        done
+        job_wait "$id" 300
         hosts=$("$PY" -c "import json; print(' '.join(r['host'] for r in json.load(open('$WORK/$tpl/summary.json'))['environment']['ranks']))" 2>/dev/null)
         same=$("$PY" -c "import numpy as np; print(np.load('$WORK/$tpl/model.npz')['z'].tobytes() == np.load('$WORK/local/model.npz')['z'].tobytes())" 2>/dev/null)
         if [ "$hosts" = "$EXPECT" ] && [ "$same" = True ]; then
@@ -261,12 +258,8 @@ preempt_part() {
     done
     scancel --signal=USR1 "$id"
     for k in $(seq 1 120); do grep -q "requeueing job" "$out" 2>/dev/null && break; sleep 1; done
-    for k in $(seq 1 30); do        # Slurm holds a requeued job ~2 minutes: start it now
-        squeue -h -j "$id" -o %r 2>/dev/null | grep -q BeginTime && \
-            scontrol update JobId="$id" StartTime=now >/dev/null 2>&1 && break
-        sleep 1
-    done
-    for k in $(seq 1 300); do squeue -h -j "$id" 2>/dev/null | grep -q . || break; sleep 1; done
+    job_release "$id"               # Slurm holds a requeued job ~2 minutes: start it now
+    job_wait "$id" 300
     same=$("$PY" -c "import numpy as np; print(np.load('$WORK/preempt/model.npz')['z'].tobytes() == np.load('$WORK/straight/model.npz')['z'].tobytes())" 2>/dev/null)
     hosts=$("$PY" -c "import json; print(' '.join(r['host'] for r in json.load(open('$WORK/preempt/summary.json'))['environment']['ranks']))" 2>/dev/null)
     if grep -q "preempted (exit 75): requeueing job $id" "$out" && grep -q "resuming from" "$out" \
@@ -275,6 +268,8 @@ preempt_part() {
     else
         bad "preemption across the nodes: requeued/resumed/z equal/hosts: $(grep -c 'requeueing job' "$out")/$(grep -c 'resuming from' "$out")/'$same'/'$hosts'"
         tail -20 "$out"
+        scontrol -o show job "$id" 2>&1 | head -c 600; echo
+        grep -i "$id\|error" "$WORK/slurmctld.log" | tail -15
     fi
 }
 [ "${SLURM_PART:-1}" = 1 ] && slurm_part

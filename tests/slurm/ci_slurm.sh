@@ -74,10 +74,7 @@ CONF
 
 wait_job() {   # wait until the job leaves the queue; print its final state
     local id=$1
-    for i in $(seq 1 300); do
-        squeue -h -j "$id" 2>/dev/null | grep -q . || break
-        sleep 1
-    done
+    job_wait "$id" 300
     sacct -n -X -j "$id" -o State 2>/dev/null | head -1 | tr -d ' ' || true
 }
 
@@ -110,11 +107,7 @@ for i in $(seq 1 120); do
 done
 # Slurm holds a requeued job until a BeginTime about two minutes ahead; CI
 # does not wait for it.
-for i in $(seq 1 30); do
-    squeue -h -j "$id" -o %r 2>/dev/null | grep -q BeginTime && \
-        scontrol update JobId="$id" StartTime=now >/dev/null 2>&1 && break
-    sleep 1
-done
+job_release "$id"
 for i in $(seq 1 120); do
     grep -q "resuming from" "ibtmpi-$id.out" 2>/dev/null && break
     sleep 1

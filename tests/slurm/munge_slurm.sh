@@ -16,6 +16,44 @@ slurm_install() {
     fi
 }
 
+# job_gone ID: true once Slurm no longer runs or holds job ID (finished, or
+# purged: "Invalid job id"). A query that fails otherwise (a slurmctld busy
+# on a loaded machine answers "Socket timed out") is not taken for "gone":
+# taking it so ended the waits below early and failed the stage under load.
+job_gone() {
+    local out
+    if out=$(squeue -h -j "$1" -o %T 2>&1); then
+        [ -z "$out" ]
+    else
+        case "$out" in *"Invalid job id"*) return 0 ;; *) return 1 ;; esac
+    fi
+}
+
+# job_wait ID SECONDS: until job_gone (1 when SECONDS pass first).
+job_wait() {
+    local i
+    for i in $(seq 1 "$2"); do job_gone "$1" && return 0; sleep 1; done
+    return 1
+}
+
+# job_release ID: a requeued job is held until a BeginTime about two
+# minutes ahead; start it a few seconds from now instead, once it is held
+# (up to 120 s: a loaded slurmctld may take a while to requeue it, or to
+# answer). Not "now": slurmd revokes the killed run's credential with a
+# time in whole seconds and refuses every credential of that job id made
+# in the same second or before ("Killing non-startable batch job: Job
+# credential revoked", the job then FAILED), which a restart within the
+# second of the kill met on a loaded machine, 2 runs in 7 here.
+job_release() {
+    local i
+    for i in $(seq 1 120); do
+        squeue -h -j "$1" -o %r 2>/dev/null | grep -q BeginTime && \
+            scontrol update JobId="$1" StartTime=now+5 >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    return 1
+}
+
 munge_up() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
 # munged stopped and gone: a pkill'd munged takes a moment to exit, and one

@@ -452,24 +452,21 @@ class GpuOps:
     # -- input ----------------------------------------------------------------------
     def normalize_u8(self, x, scale, shift, ids=None):
         """data.normalize on the device (kernels/input.cu, bit for bit): x
-        uint8 or uint16 (N, H, W, C), on the host (uploaded here as stored:
-        a quarter or a half of float32's bytes) or the device; scale, shift
+        uint8 or uint16 (N, H, W, C), on the host (uploaded as stored: a
+        quarter or a half of float32's bytes) or the device; scale, shift
         (C,) float32 on the device; ids: each image's dihedral transform
-        (loader.dihedral), applied on the way (normalize_u8_aug,
-        normalize_u16_aug). Returns (N, C, H, W) float32."""
+        (loader.dihedral), applied on the way (normalize_u8_aug / _u16_aug).
+        Returns (N, C, H, W) float32."""
         cp = self.cp
         xd = cp.ascontiguousarray(cp.asarray(x))
-        kind = {np.dtype(np.uint8): "u8", np.dtype(np.uint16): "u16"}.get(np.dtype(xd.dtype))
+        kind = {"uint8": "u8", "uint16": "u16"}.get(np.dtype(xd.dtype).name)
         if kind is None:
             raise TypeError(f"stored images are uint8 or uint16, got {xd.dtype}")
         n, h, w, c = xd.shape
         y = cp.empty((n, c, h, w), np.float32)
-        geo = (np.int32(n), np.int32(h), np.int32(w), np.int32(c))
-        if ids is None:
-            self._launch("input.cu", f"normalize_{kind}", y.size, xd, y, scale, shift, *geo)
-        else:
-            self._launch("input.cu", f"normalize_{kind}_aug", y.size, xd, y, scale, shift,
-                         cp.ascontiguousarray(cp.asarray(ids, dtype=np.int32)), *geo)
+        aug = () if ids is None else (cp.ascontiguousarray(cp.asarray(ids, dtype=np.int32)),)
+        self._launch("input.cu", f"normalize_{kind}{'_aug' if aug else ''}", y.size, xd, y,
+                     scale, shift, *aug, np.int32(n), np.int32(h), np.int32(w), np.int32(c))
         return y
 
     # -- linear, loss -----------------------------------------------------------

@@ -4,9 +4,8 @@
 where the machine has the cores, ``--simulate N`` beyond; the tests show
 both give the same z to 1e-6) plus the paper's fixed-block experiment
 (block fixed, split = block / N), each into its own run directory.
-``report`` collects finished run directories (from ``run``, from
-slurm/sweep.sh, or anything else) into ``report.md``, ``report.json`` and
-PNG plots:
+``report`` collects finished run directories (from ``run``, slurm/sweep.sh,
+anything) into ``report.md``, ``report.json`` and PNG plots:
   T1 test accuracy vs N per algorithm; T2 fixed block; T3 time per pass
   and speedup vs N = 1 (wall, and critical path = slowest worker's compute
   + data wait), Allreduce calls/bytes per pass, rank 0 CPU; Horovod-style
@@ -297,9 +296,7 @@ def _right(run_dir, x, y):
     """1.0 where the run's trained model classifies an image right, else 0.0."""
     from .outputs import load_trained
     tm = load_trained(run_dir)
-    if x.dtype != tm.dtype:
-        raise ValueError(f"the held-out set stores {x.dtype} pixels, {run_dir} was trained "
-                         f"on {tm.dtype} ones")
+    tm.check_data(x.dtype, f"the held-out set (for {run_dir})")
     return (tm.probs(x).argmax(1) == y).astype(float)
 
 

@@ -276,7 +276,7 @@ def cmd_evaluate(args):
                              f"{tm.image_shape} (H, W, C); re-import with "
                              f"`ibtmpi prep ... --size {tm.image_shape[0]}`")
         try:
-            tm.check_data(ds, args.data)
+            tm.check_data(ds.dtype, args.data)
         except ValueError as e:
             raise UsageError(str(e)) from None
         sp = ds.split(args.split)

@@ -56,7 +56,7 @@ def build(trained):
     model.metadata_props.add(key="classes", value=",".join(trained.classes))
     model.metadata_props.add(key="input", value=(
         "float32 NCHW " + ("RGB" if c == 3 else f"{c}-band") + " pixel values "
-        f"0..{trained.stored_max:.0f} as stored; normalisation folded in"))
+        f"0..{getattr(trained, 'stored_max', 255.0):.0f} as stored; normalisation folded in"))
     onnx.checker.check_model(model)
     return model
 

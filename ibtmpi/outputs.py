@@ -108,12 +108,12 @@ class Trained:
         data.normalize) is a fraction of."""
         return float(np.iinfo(self.dtype).max)
 
-    def check_data(self, ds, where):
-        """A one-line ValueError where the data set's stored type is not
-        the one this model was trained on (its normalisation would be off
-        by 257x)."""
-        if ds.dtype != self.dtype:
-            raise ValueError(f"{where} stores {ds.dtype} pixels, the model was trained on "
+    def check_data(self, dtype, where):
+        """A one-line ValueError where a data set's stored type `dtype` is
+        not the one this model was trained on (its normalisation would be
+        off by 257x)."""
+        if np.dtype(dtype) != self.dtype:
+            raise ValueError(f"{where} stores {np.dtype(dtype)} pixels, the model was trained on "
                              f"{self.dtype} ones (prep folder --depth decides): use a data "
                              f"set stored as the training set was")
 

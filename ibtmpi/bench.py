@@ -1,9 +1,9 @@
 """``ibtmpi bench``: run the comparison experiments and report on them.
 
-``run`` trains every algorithm for N in a list (real ``mpiexec -n N+1``
-where the machine has the cores, ``--simulate N`` beyond; the tests show
-both give the same z to 1e-6) plus the paper's fixed-block experiment
-(block fixed, split = block / N), each into its own run directory.
+``run`` trains every algorithm for N in a list (real ``mpiexec -n N+1`` where
+the machine has the cores, ``--simulate N`` beyond; both give the same z to
+1e-6) plus the paper's fixed-block experiment (split = block / N), each into
+its own run directory.
 ``report`` collects finished run directories (from ``run``, slurm/sweep.sh,
 anything) into ``report.md``, ``report.json`` and PNG plots:
   T1 test accuracy vs N per algorithm; T2 fixed block; T3 time per pass
@@ -13,8 +13,7 @@ anything) into ``report.md``, ``report.json`` and PNG plots:
   T4 validation accuracy vs pass; T5 residuals and rho; T6 time breakdown;
   T7 time to 99% of N = 1's final validation accuracy (ibtmpi/tta.py);
   the targets, and the machine, MPI library, git commit and configs.
-Test: tests/unit/test_bench.py.
-"""
+Test: tests/unit/test_bench.py."""
 from __future__ import annotations
 
 import json

@@ -9,8 +9,12 @@ three ways in the same run:
               to 5 ms, the master's nap): how ibtmpi waited before. The
               library moves a large message in many rounds, and a round
               advances only inside an MPI call, so every nap can stall it
-  arrival     Ibarrier with the same back-off, then the blocking Allreduce
-              once every rank is there: ibtmpi's comm.allreduce_sum
+  arrival+blocking  Ibarrier with the same back-off, then the blocking
+              Allreduce once every rank is there (ibtmpi before 2026-12-07;
+              a rank stopped inside it left the others spinning a core)
+  arrival     Ibarrier with the same back-off, then an Iallreduce driven by
+              back-to-back Tests, naps only past 4x the longest reduction
+              seen: ibtmpi's comm.allreduce_sum
 
 Each figure is the median over reps of the slowest rank's wall time, plus
 rank 0's CPU seconds per call for the same calls. Sizes: 4 KiB, 1 MiB, the
@@ -51,6 +55,8 @@ def main(argv=None):
     ways = {
         "blocking": lambda s, r: w.Allreduce(s, r, op=MPI.SUM),
         "nonblocking": lambda s, r: nonblocking(w, s, r),
+        "arrival+blocking": lambda s, r: (comm.quiet_arrival(w, NAP_MAX),
+                                          w.Allreduce(s, r, op=MPI.SUM)),
         "arrival": lambda s, r: comm.allreduce_sum(s, r, w, sleep_max=NAP_MAX, count=False),
     }
     sizes = [4096, 2 ** 20, (2191941 + 6 + 5 * 2 + 1 + 2) * 4, 32 * 2 ** 20]
@@ -76,12 +82,14 @@ def main(argv=None):
     if w.Get_rank() == 0:
         lib = MPI.Get_library_version().strip().splitlines()[0][:60]
         print(f"{lib}; {w.Get_size()} ranks; median of {a.reps}, ms (rank 0 CPU ms)")
-        print("| bytes | " + " | ".join(ways) + " | nonblocking / arrival |")
-        print("|---|" + "---|" * (len(ways) + 1))
+        print("| bytes | " + " | ".join(ways) + " | nonblocking / arrival | "
+              "arrival / arrival+blocking |")
+        print("|---|" + "---|" * (len(ways) + 2))
         for nbytes, r in rows:
             cells = " | ".join(f"{r[k][0] * 1e3:.2f} ({r[k][1] * 1e3:.1f})" for k in ways)
             ratio = r["nonblocking"][0] / r["arrival"][0]
-            print(f"| {nbytes:,d} | {cells} | {ratio:.1f}x |")
+            new = r["arrival"][0] / r["arrival+blocking"][0]
+            print(f"| {nbytes:,d} | {cells} | {ratio:.1f}x | {new:.2f}x |")
         sys.stdout.flush()
 
 

@@ -157,7 +157,8 @@ def cuda_support():
 
 # wait_s: in the wait for the other ranks (work_s of it spent in work(),
 # the rest asleep); reduce_s: in the library's Allreduce
-STATS = {"allreduce": 0, "bytes": 0, "wait_s": 0.0, "work_s": 0.0, "reduce_s": 0.0}
+STATS = {"allreduce": 0, "bytes": 0, "wait_s": 0.0, "work_s": 0.0, "reduce_s": 0.0,
+         "reduce_max_s": 0.0}
 
 
 def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
@@ -171,11 +172,16 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     blocking MPI wait. `watch()`, if given, is called every round and may
     raise (the watchdog). Once every rank is there, `last()`, if given,
     may still change `send` (the master's flag for a checkpoint its thread
-    was writing meanwhile), and the library's blocking Allreduce moves the
-    data at full speed. (A non-blocking Iallreduce
-    polled the same way advances its rounds only inside MPI_Test: on Open
-    MPI 4.1 an 8.8 MB one took 1.4 s with 5 ms naps, against milliseconds
-    blocking; benchmarks/bench_allreduce_wait.py.)
+    was writing meanwhile), and the data moves in a non-blocking
+    Iallreduce that this rank drives with back-to-back Tests (a round of
+    the library's algorithm advances only inside an MPI call: polled with
+    naps, an 8.8 MB one took 1.4 s on Open MPI 4.1 against milliseconds
+    blocking; benchmarks/bench_allreduce_wait.py) for as long as a
+    reduction has ever taken here (x4, at least SPIN_FLOOR_S); past that a
+    rank has stopped inside it, and the wait naps as above instead of
+    spinning a core until the watchdog ends the job. Device buffers (a
+    CUDA-aware library) keep the blocking Allreduce: a library's
+    non-blocking collectives need not take device memory.
     """
     import time
     comm = comm or world()
@@ -196,10 +202,47 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
         last()
         STATS["work_s"] += time.perf_counter() - tl
     t1 = time.perf_counter()
-    comm.Allreduce(send, recv, op=MPI.SUM)
+    if _on_host(send) and _on_host(recv):
+        spin = max(SPIN_FLOOR_S, SPIN_FACTOR * STATS["reduce_max_s"])
+        napped = quiet_wait(comm.Iallreduce(send, recv, op=MPI.SUM), spin, sleep_max)
+    else:
+        comm.Allreduce(send, recv, op=MPI.SUM)
+        napped = False
     t2 = time.perf_counter()
     STATS["wait_s"] += t1 - t0
     STATS["reduce_s"] += t2 - t1
+    if not napped:                 # a reduction with every rank running
+        STATS["reduce_max_s"] = max(STATS["reduce_max_s"], t2 - t1)
+
+
+SPIN_FLOOR_S = 0.05   # allreduce_sum: Test back to back for at least this long,
+SPIN_FACTOR = 4.0     # or 4x the longest reduction so far, before napping
+
+
+def _on_host(a):
+    import numpy as np
+    return isinstance(a, np.ndarray)
+
+
+def quiet_wait(req, spin_s, sleep_max):
+    """Complete `req`: Test back to back for `spin_s` seconds (each Test
+    advances the library's rounds), then with a sleep back-off up to
+    `sleep_max` (a rank stopped inside the collective: no core spun while
+    it is; the watchdog's timer thread ends a wait that never completes).
+    True when it had to nap."""
+    import time
+    t0 = time.perf_counter()
+    while not req.Test():
+        if time.perf_counter() - t0 > spin_s:
+            break
+        os.sched_yield()           # a rank it waits for may share this core
+    else:
+        return False
+    nap = 0.0002
+    while not req.Test():
+        time.sleep(nap)
+        nap = min(nap * 2, sleep_max)
+    return True
 
 
 SETTLE_S = 0.002      # quiet_arrival: quick Tests after each slice of work

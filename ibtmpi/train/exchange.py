@@ -42,7 +42,7 @@ class BlockExchange:
         self.one_process, self.per_step, self.watchdog = one_process, per_step, watchdog
         self.sdev, self.gpu_buffers = state_device, gpu_buffers
         self.placement, self.cfg = placement, cfg
-        self.alarm = None                # lifecycle.Alarm over the blocking Allreduce
+        self.alarm = None                # lifecycle.Alarm over the reduction
         self.t_reduced = 0.0             # when this rank's last Allreduce returned
 
     def reduce(self, work, k, last=None, write_s=0.0):
@@ -117,6 +117,11 @@ class BlockExchange:
                 self.alarm = Alarm()
             wait = worker_limit(limit) + (0 if self.rank == 1 else WORKER_STAGGER_S)
             self.alarm.arm(wait, self._master_lost, k, wait)
+            if ctl.faults.at is not None:       # tests: a stop inside the reduction
+                def last(first=last):
+                    ctl.faults.stop_in_allreduce(self.rank, k)
+                    if first is not None:
+                        first()
             try:
                 req, _buf = mpi.send_arrival(k)
                 mpi.allreduce_sum(send, recv, self.comm, sleep_max=nap, last=last)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 import time
 
@@ -33,7 +34,7 @@ WATCHDOG_GRACE_S = 2.0      # the in-Allreduce timer fires this much after the l
 class Alarm:
     """One daemon thread for the whole run that calls fire(*args) once an
     armed deadline passes, unless disarmed before: the master's guard over
-    the blocking Allreduce, armed per block (per step in ssgd) without
+    the block's reduction (a rank stopped inside it), armed per block (per step in ssgd) without
     starting a thread each time."""
 
     def __init__(self):
@@ -124,7 +125,7 @@ class Faults:
     """IBTMPI_FAULT=rank:block:phase: a fault the tests inject. Phases that
     raise where the trainer enters them (setup, compute, allreduce,
     evaluation, checkpoint) and special ones the trainer acts on: hang,
-    nan, leak (from that block on), enospc."""
+    nan, leak (from that block on), enospc, stop."""
 
     def __init__(self, text=None):
         text = os.environ.get("IBTMPI_FAULT", "") if text is None else text
@@ -154,6 +155,13 @@ class Faults:
         if self.at is not None and self.at[::2] == (rank, "leak") and block >= self.at[1]:
             import numpy as np
             self.leaked.append(np.ones(2_500_000))
+
+    def stop_in_allreduce(self, rank, block):
+        """phase "stop": the rank stops itself (SIGSTOP) after every rank
+        passed the block's arrival barrier, inside its reduction (tests:
+        the others must wait there without spinning a core)."""
+        if self.hit(rank, block, "stop"):
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def disk_full(self, rank, block, path):
         if self.hit(rank, block, "enospc"):

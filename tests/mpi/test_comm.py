@@ -90,12 +90,12 @@ class _Recording:
 
 def test_allreduce_moves_the_data_once_every_rank_has_arrived():
     """allreduce_sum waits for late ranks in a non-blocking barrier (doing
-    the caller's work, then sleeping) and moves the data with ONE blocking
-    Allreduce after it: a polled Iallreduce advances its rounds only inside
-    MPI_Test (Open MPI 4.1: 1.4 s for the reference model's 8.8 MB with
-    5 ms naps; docs/benchmarks.md). Rank 0's time splits into the wait
-    for the late ranks and the data movement, which its long naps (0.2 s
-    here) do not stretch."""
+    the caller's work, then sleeping) and moves the data with ONE
+    Iallreduce after it, driven by back-to-back Tests (a polled Iallreduce
+    advances its rounds only inside MPI_Test: Open MPI 4.1 took 1.4 s for
+    the reference model's 8.8 MB with 5 ms naps; docs/benchmarks.md).
+    Rank 0's time splits into the wait for the late ranks and the data
+    movement, which its long naps (0.2 s here) do not stretch."""
     import time
     n, me = W.Get_size(), W.Get_rank()
     x = np.full(2 ** 18, me + 1, np.float32)
@@ -116,9 +116,32 @@ def test_allreduce_moves_the_data_once_every_rank_has_arrived():
     comm.allreduce_sum(x, y, rec, work=work if me == 0 else None,
                        sleep_max=0.2 if me == 0 else 0.0005, count=False)
     assert (y == n * (n + 1) // 2).all()
-    assert rec.calls.count("Allreduce") == 1 and "Iallreduce" not in rec.calls
-    assert rec.calls.index("Ibarrier") < rec.calls.index("Allreduce")
+    assert rec.calls.count("Iallreduce") == 1 and "Allreduce" not in rec.calls
+    assert rec.calls.index("Ibarrier") < rec.calls.index("Iallreduce")
     if me == 0:
         assert len(jobs) == 5
         assert comm.STATS["wait_s"] - wait0 > 0.45
         assert comm.STATS["reduce_s"] - reduce0 < 0.15, comm.STATS
+
+
+def test_a_rank_late_inside_the_reduction_is_waited_for_with_naps():
+    """A rank that arrives, then stops before its share of the reduction
+    (here: sleeps 1.5 s between the barrier and its Iallreduce, as
+    SIGSTOP does): the others Test back to back for the spin budget, then
+    nap (little CPU), and get the right sum; a reduction that had to nap
+    does not raise the budget."""
+    import time
+    n, me = W.Get_size(), W.Get_rank()
+    x = np.full(2 ** 16, me + 1, np.float32)
+    y = np.empty_like(x)
+    W.Barrier()
+    top = comm.STATS["reduce_max_s"]
+    t0, c0 = time.perf_counter(), time.process_time()
+    comm.allreduce_sum(x, y, W, sleep_max=0.005, count=False,
+                       last=(lambda: time.sleep(1.5)) if me == n - 1 else None)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert (y == n * (n + 1) // 2).all()
+    if me == 0:
+        assert wall > 1.2
+        assert cpu < 0.3 * wall, f"rank 0 used {cpu:.2f} s CPU in {wall:.2f} s"
+        assert comm.STATS["reduce_max_s"] == top

@@ -48,3 +48,45 @@ def test_a_hung_up_launcher_is_not_blamed_on_a_rank(small_dataset, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert "ended when rank " in r.stdout and "or the launcher ended the job" in r.stdout, \
         r.stdout + r.stderr
+
+
+def _state_and_cpu(pid):
+    """(the process state letter, its user + system CPU seconds) from /proc."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return f[0], (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_no_rank_spins_while_a_worker_is_stopped_inside_the_allreduce(small_dataset, tmp_path):
+    """A worker stopped after every rank passed the block's arrival barrier
+    (IBTMPI_FAULT=2:3:stop: it SIGSTOPs itself inside its reduction) leaves
+    the master and the other worker waiting inside the reduction: they nap
+    there instead of spinning a core (the library's blocking Allreduce
+    polled at 100% of a core until the watchdog ended the job), and the
+    master's timer still ends the job with one line."""
+    from conftest import rank_pid, start_job
+    run = tmp_path / "run"
+    p = start_job(small_dataset, run, {"IBTMPI_FAULT": "2:3:stop",
+                                       "IBTMPI_WATCHDOG_FLOOR_S": "8"})
+    pids = {r: rank_pid(run, r) for r in (0, 1, 2)}
+    try:
+        t0 = time.time()
+        while _state_and_cpu(pids[2])[0] != "T":
+            assert time.time() - t0 < 60, "the worker did not stop itself"
+            time.sleep(0.05)
+        time.sleep(0.5)                   # past the reduction's spin (at least 50 ms)
+        c0 = {r: _state_and_cpu(pids[r])[1] for r in (0, 1)}
+        t1 = time.time()
+        time.sleep(2.0)
+        share = {r: (_state_and_cpu(pids[r])[1] - c0[r]) / (time.time() - t1) for r in (0, 1)}
+        out, err = p.communicate(timeout=90)
+    finally:
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, TypeError):
+                pass
+    assert share[0] < 0.2 and share[1] < 0.2, share      # was ~1.0 (a core each)
+    assert p.returncode == 1, err[-2000:]
+    said = [x for x in err.splitlines() if "hung rank" in x]
+    assert len(said) == 1 and "rank 2 (worker 1) is stopped" in said[0], err[-2000:]
+    assert "Traceback" not in err

@@ -217,15 +217,26 @@ CONF
     printf '[data]\npath = "%s"\nsplit_size = 100\nbatch = 16\n[model]\nlayers = "reference"\n[algorithm]\nname = "ibt"\n[run]\npasses = 2\nthreads = 1\nquiet = true\n' \
         "$WORK/data" > run.toml
     for tpl in multinode-srun multinode-mpirun; do
-        local id
-        # the job's environment: UCX over the links (see the top), Hydra's
-        # call-back address on the node's link (mpirun), this venv
-        id=$(UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_IFACE=eth0 IBTMPI_VENV=$VENV \
-             sbatch --parsable --nodes=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
-             --export=ALL \
-             --output="$WORK/$tpl-%j.out" "$ROOT/slurm/$tpl.sbatch" run.toml \
-             --set run.dir="$WORK/$tpl")
-        job_wait "$id" 300
+        local id try
+        for try in 1 2; do
+            # the job's environment: UCX over the links (see the top), Hydra's
+            # call-back address on the node's link (mpirun), this venv
+            id=$(UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_IFACE=eth0 IBTMPI_VENV=$VENV \
+                 sbatch --parsable --nodes=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
+                 --export=ALL \
+                 --output="$WORK/$tpl-%j.out" "$ROOT/slurm/$tpl.sbatch" run.toml \
+                 --set run.dir="$WORK/$tpl")
+            job_wait "$id" 300
+            # the MPI stack's own start-up failures (the templates' header:
+            # Slurm's PMI2 server reading a split message, UCX's wireup
+            # race), before any training: submitted once more, and said so
+            [ -f "$WORK/$tpl/summary.json" ] && break
+            local why
+            why=$(grep -ao "request not begin with 'cmd='\|failed to unpack address.*" \
+                  "$WORK/$tpl-$id.out" 2>/dev/null | head -1)
+            [ -n "$why" ] && [ "$try" = 1 ] || break
+            say "slurm/$tpl.sbatch: the MPI stack failed to start ($why); submitting it once more"
+        done
         hosts=$("$PY" -c "import json; print(' '.join(r['host'] for r in json.load(open('$WORK/$tpl/summary.json'))['environment']['ranks']))" 2>/dev/null)
         same=$("$PY" -c "import numpy as np; print(np.load('$WORK/$tpl/model.npz')['z'].tobytes() == np.load('$WORK/local/model.npz')['z'].tobytes())" 2>/dev/null)
         if [ "$hosts" = "$EXPECT" ] && [ "$same" = True ]; then

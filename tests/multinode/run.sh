@@ -217,26 +217,9 @@ CONF
     printf '[data]\npath = "%s"\nsplit_size = 100\nbatch = 16\n[model]\nlayers = "reference"\n[algorithm]\nname = "ibt"\n[run]\npasses = 2\nthreads = 1\nquiet = true\n' \
         "$WORK/data" > run.toml
     for tpl in multinode-srun multinode-mpirun; do
-        local id try
-        for try in 1 2; do
-            # the job's environment: UCX over the links (see the top), Hydra's
-            # call-back address on the node's link (mpirun), this venv
-            id=$(UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_IFACE=eth0 IBTMPI_VENV=$VENV \
-                 sbatch --parsable --nodes=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
-                 --export=ALL \
-                 --output="$WORK/$tpl-%j.out" "$ROOT/slurm/$tpl.sbatch" run.toml \
-                 --set run.dir="$WORK/$tpl")
-            job_wait "$id" 300
-            # the MPI stack's own start-up failures (the templates' header:
-            # Slurm's PMI2 server reading a split message, UCX's wireup
-            # race), before any training: submitted once more, and said so
-            [ -f "$WORK/$tpl/summary.json" ] && break
-            local why
-            why=$(grep -ao "request not begin with 'cmd='\|failed to unpack address.*" \
-                  "$WORK/$tpl-$id.out" 2>/dev/null | head -1)
-            [ -n "$why" ] && [ "$try" = 1 ] || break
-            say "slurm/$tpl.sbatch: the MPI stack failed to start ($why); submitting it once more"
-        done
+        local id
+        id=$(submit_started "$tpl" "$WORK/$tpl-%j.out" run.toml "$WORK/$tpl")
+        job_wait "$id" 300
         hosts=$("$PY" -c "import json; print(' '.join(r['host'] for r in json.load(open('$WORK/$tpl/summary.json'))['environment']['ranks']))" 2>/dev/null)
         same=$("$PY" -c "import numpy as np; print(np.load('$WORK/$tpl/model.npz')['z'].tobytes() == np.load('$WORK/local/model.npz')['z'].tobytes())" 2>/dev/null)
         if [ "$hosts" = "$EXPECT" ] && [ "$same" = True ]; then
@@ -249,6 +232,38 @@ CONF
     preempt_part
 }
 
+# submit_started TEMPLATE OUTPUT CONFIG RUNDIR: sbatch a template job (UCX
+# over the links, see the top; Hydra's call-back address on the node's link
+# for mpirun; this venv) and print its id once it started training. A job
+# that ended at MPI start-up on the MPI stack's own failure (the templates'
+# header: Slurm's PMI2 server reading one of MPICH's address messages in
+# pieces under load, so UCX unpacks a cut address: "failed to unpack
+# address, invalid bandwidth 0.00" or "Destination is unreachable") wrote
+# nothing; it is submitted once more, and the log says so.
+submit_started() {
+    local tpl=$1 out=$2 cfg=$3 dir=$4 id try f why k
+    for try in 1 2; do
+        id=$(UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_IFACE=eth0 IBTMPI_VENV=$VENV \
+             sbatch --parsable --nodes=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
+             --export=ALL --output="$out" "$ROOT/slurm/$tpl.sbatch" "$cfg" \
+             --set run.dir="$dir")
+        f=${out//%j/$id}
+        for k in $(seq 1 300); do
+            [ -s "$dir/metrics.jsonl" ] && break
+            job_gone "$id" && break
+            sleep 1
+        done
+        why=$(grep -ao "request not begin with 'cmd='\|failed to unpack address.*\|Destination is unreachable" \
+              "$f" 2>/dev/null | head -1)
+        if [ "$try" = 1 ] && [ ! -s "$dir/metrics.jsonl" ] && job_gone "$id" && [ -n "$why" ]; then
+            say "slurm/$tpl.sbatch: the MPI stack failed to start ($why); submitting it once more" >&2
+            continue
+        fi
+        break
+    done
+    echo "$id"
+}
+
 # Preemption across the nodes, as on the one-node CI cluster: SIGUSR1 to the
 # job's steps -> every rank checkpoints, exit 75, the template requeues the
 # job, the requeued job resumes on the nodes and ends where an
@@ -259,10 +274,7 @@ preempt_part() {
     "$MPIEXEC" -n $NODES "$PY" -m ibtmpi train --config long.toml \
         --set run.dir="$WORK/straight" > straight.log 2>&1 \
         || { bad "the uninterrupted $passes-pass run failed"; tail -5 straight.log; return; }
-    id=$(UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 IBTMPI_VENV=$VENV \
-         sbatch --parsable --nodes=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
-         --export=ALL --output="$out" "$ROOT/slurm/multinode-srun.sbatch" long.toml \
-         --set run.dir="$WORK/preempt")
+    id=$(submit_started multinode-srun "$out" long.toml "$WORK/preempt")
     for k in $(seq 1 120); do
         [ -f "$WORK/preempt/metrics.jsonl" ] && [ "$(wc -l < "$WORK/preempt/metrics.jsonl")" -ge 3 ] && break
         sleep 0.5

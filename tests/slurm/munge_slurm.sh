@@ -54,6 +54,41 @@ job_release() {
     return 1
 }
 
+# submit_started TEMPLATE OUTPUT CONFIG RUNDIR (tests/multinode/run.sh;
+# the caller's ROOT, VENV, NODES and say()): sbatch a template job on NODES
+# nodes, one rank each (UCX over the links' eth0; Hydra's call-back address
+# on the node's link for mpirun; this venv), and print its id once it
+# started training or ended. A job
+# that ended at MPI start-up on the MPI stack's own failure (the templates'
+# header: Slurm's PMI2 server reading one of MPICH's address messages in
+# pieces under load, so UCX unpacks a cut address: "failed to unpack
+# address, invalid bandwidth 0.00" or "Destination is unreachable") wrote
+# nothing; it is submitted once more, and the log says so
+# (tests/unit/test_slurm_helpers.py).
+submit_started() {
+    local tpl=$1 out=$2 cfg=$3 dir=$4 id try f why k
+    for try in 1 2; do
+        id=$(UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 HYDRA_IFACE=eth0 IBTMPI_VENV=$VENV \
+             sbatch --parsable --nodes=$NODES --ntasks-per-node=1 --cpus-per-task=1 \
+             --export=ALL --output="$out" "$ROOT/slurm/$tpl.sbatch" "$cfg" \
+             --set run.dir="$dir")
+        f=${out//%j/$id}
+        for k in $(seq 1 300); do
+            [ -s "$dir/metrics.jsonl" ] && break
+            job_gone "$id" && break
+            sleep 1
+        done
+        why=$(grep -ao "request not begin with 'cmd='\|failed to unpack address.*\|Destination is unreachable" \
+              "$f" 2>/dev/null | head -1)
+        if [ "$try" = 1 ] && [ ! -s "$dir/metrics.jsonl" ] && job_gone "$id" && [ -n "$why" ]; then
+            say "slurm/$tpl.sbatch: the MPI stack failed to start ($why); submitting it once more" >&2
+            continue
+        fi
+        break
+    done
+    echo "$id"
+}
+
 munge_up() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
 # munged stopped and gone: a pkill'd munged takes a moment to exit, and one

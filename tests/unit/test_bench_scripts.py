@@ -36,8 +36,8 @@ def test_consensus_benchmark(gpu):
 @pytest.mark.skipif(not os.path.exists(os.path.join(BIN, "mpiexec")),
                     reason="no mpiexec beside this Python")
 def test_allreduce_wait_benchmark():
-    """Under mpiexec -n 2: the three ways at each size, and the sum right
-    (the script asserts it on every call)."""
+    """Under mpiexec -n 2: the four ways at each size with their two ratios,
+    and the sum right (the script asserts it on every call)."""
     from ibtmpi import launcher
     cmd = launcher.command(2, os.path.join(BIN, "mpiexec")) + [
         "-n", "2", sys.executable, os.path.join(ROOT, "benchmarks", "bench_allreduce_wait.py"),
@@ -46,7 +46,7 @@ def test_allreduce_wait_benchmark():
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     got = rows(r.stdout)
     assert [int(x[0].replace(",", "")) for x in got] == [4096, 2 ** 20, 8767840, 2 ** 25]
-    assert all(len(x) == 5 and x[4].endswith("x") for x in got), r.stdout
+    assert all(len(x) == 7 and x[5].endswith("x") and x[6].endswith("x") for x in got), r.stdout
 
 
 def test_node_scaling_benchmark():

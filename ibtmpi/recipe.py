@@ -17,6 +17,7 @@ Tests: tests/unit/test_recipe.py.
 from __future__ import annotations
 
 import copy
+import math
 
 from .settings import Key, declare
 
@@ -41,7 +42,16 @@ def derive(cfg, n, split):
     return [("data.batch", batch),
             ("optim.warmup_passes", WARMUP_PASSES),
             ("optim.clip_norm", CLIP_NORM),
-            ("optim.reset_momentum", RESET_MOMENTUM)]
+            ("optim.reset_momentum", RESET_MOMENTUM),
+            ("optim.lr", scaled_lr(o["lr"], n))]
+
+
+def scaled_lr(lr, n):
+    """The local lr at N = n: lr x sqrt(n / MIN_WORKERS), to 6 significant
+    digits (as the start line and config.toml show it): 1x at N = 10, 1.41x
+    at 20, 2x at 40. A worker's steps a block shrink as 1/N at a fixed
+    block; the square root keeps the averaged step's noise scale."""
+    return float(f"{lr * math.sqrt(n / MIN_WORKERS):.6g}")
 
 
 # the rule's constants (docs/config.md, algorithm.recipe, gives the evidence)
@@ -52,6 +62,7 @@ WARMUP_PASSES = 1.0      # linear lr warm-up over the first pass
 CLIP_NORM = 5.0          # the loss gradient's L2 norm, clipped
 RESET_MOMENTUM = False   # a worker keeps its local momentum across the syncs: 15.5
                          # steps a block at N = 40 are too few to build it up anew
+# optim.lr: scaled_lr (the configured lr x sqrt(N / MIN_WORKERS))
 
 
 def apply(cfg, n, split):

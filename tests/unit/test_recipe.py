@@ -23,8 +23,10 @@ def test_auto_derives_the_documented_values_at_the_papers_block():
             ("optim.warmup_passes", recipe.WARMUP_PASSES),
             ("optim.clip_norm", recipe.CLIP_NORM),
             ("optim.reset_momentum", recipe.RESET_MOMENTUM)]
-    assert recipe.derive(c, 10, 496) == want
-    assert recipe.derive(c, 40, 124) == want
+    # the local lr: the configured 0.02 x sqrt(N / 10)
+    assert recipe.derive(c, 10, 496) == want + [("optim.lr", 0.02)]
+    assert recipe.derive(c, 20, 248) == want + [("optim.lr", 0.0282843)]
+    assert recipe.derive(c, 40, 124) == want + [("optim.lr", 0.04)]
     assert (recipe.LOCAL_BATCH, recipe.WARMUP_PASSES, recipe.CLIP_NORM,
             recipe.RESET_MOMENTUM) == (8, 1.0, 5.0, False)
     # a split too large for the small batch keeps its batch
@@ -40,11 +42,16 @@ def test_auto_derives_the_documented_values_at_the_papers_block():
 def test_the_users_values_win():
     c = _cfg("data.batch=31", "optim.clip_norm=0")
     out, done = recipe.apply(c, 40, 124)
-    assert done == [("optim.warmup_passes", 1.0), ("optim.reset_momentum", False)]
+    assert done == [("optim.warmup_passes", 1.0), ("optim.reset_momentum", False),
+                    ("optim.lr", 0.04)]
     assert out["data"]["batch"] == 31 and out["optim"]["clip_norm"] == 0.0
     assert c["optim"]["warmup_passes"] == 0.0           # the caller's config is untouched
     line = recipe.describe(40, done)
     assert line.startswith("algorithm.recipe auto for N = 40: optim.warmup_passes = 1")
+    assert line.endswith("optim.lr = 0.04 (a value you set wins; algorithm.recipe = none: "
+                         "the plain defaults)")
+    out, done = recipe.apply(_cfg("optim.lr=0.01"), 40, 124)
+    assert out["optim"]["lr"] == 0.01 and "optim.lr" not in dict(done)
     assert recipe.describe(40, []) is None
     with pytest.raises(ConfigError, match="algorithm.recipe must be one of auto, none"):
         load(None, ["data.path=x", "algorithm.recipe=best"])

@@ -445,7 +445,7 @@ def test_a_worker_waiting_for_a_slow_one_does_not_spin(dataset, monkeypatch):
 
 def test_a_long_evaluation_is_carried_across_waits_in_block_order(dataset, monkeypatch):
     """A master of its own evaluates z in the waits for the workers; an
-    evaluation longer than a block (here 0.5 s in 10 slices) is carried into
+    evaluation longer than a block (here 1 s in 10 slices) is carried into
     the next blocks' waits, past the checkpoints of the pass ends, instead
     of being finished between two blocks, where the workers would wait for
     it: no block's wall time takes the evaluation, the metrics lines stay
@@ -462,7 +462,7 @@ def test_a_long_evaluation_is_carried_across_waits_in_block_order(dataset, monke
         for _ in real(*a, **k):
             yield
         for _ in range(10):
-            time.sleep(0.05)
+            time.sleep(0.1)
             yield
     monkeypatch.setattr(serial, "evaluate_steps", slow)
     t = Trainer(make_cfg(dataset, "ibt", extra=extra), log=lambda m: None)
@@ -475,7 +475,9 @@ def test_a_long_evaluation_is_carried_across_waits_in_block_order(dataset, monke
         assert due == [k for k in range(t.total_blocks)
                        if (k + 1) % 12 == 0 or k + 1 == t.total_blocks]
         walls = [l["wall_s"] for l in lines]
-        assert t.total_blocks > 24 and max(walls[:-1]) < 0.4, walls    # 0.5 s never in one
+        # 1 s never in one block; a bound well clear of a loaded machine's
+        # hiccups (0.416 s seen once with 0.5 s slices and a bound of 0.4 s)
+        assert t.total_blocks > 24 and max(walls[:-1]) < 0.8, walls
         from ibtmpi import checkpoint as ckpt
         bpp = t.sched.blocks_per_pass
         assert ckpt.complete(t.run_dir) == [k for k in range(t.total_blocks)

@@ -181,7 +181,8 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
     rank has stopped inside it, and the wait naps as above instead of
     spinning a core until the watchdog ends the job. Device buffers (a
     CUDA-aware library) keep the blocking Allreduce: a library's
-    non-blocking collectives need not take device memory.
+    non-blocking collectives need not take device memory; so does Open MPI
+    (nonblocking_reduce).
     """
     import time
     comm = comm or world()
@@ -202,7 +203,7 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
         last()
         STATS["work_s"] += time.perf_counter() - tl
     t1 = time.perf_counter()
-    if _on_host(send) and _on_host(recv):
+    if _on_host(send) and _on_host(recv) and nonblocking_reduce():
         spin = max(SPIN_FLOOR_S, SPIN_FACTOR * STATS["reduce_max_s"])
         napped = quiet_wait(comm.Iallreduce(send, recv, op=MPI.SUM), spin, sleep_max)
     else:
@@ -217,6 +218,22 @@ def allreduce_sum(send, recv, comm=None, work=None, sleep_max=0.005, count=True,
 
 SPIN_FLOOR_S = 0.05   # allreduce_sum: Test back to back for at least this long,
 SPIN_FACTOR = 4.0     # or 4x the longest reduction so far, before napping
+
+
+def nonblocking_reduce():
+    """Whether allreduce_sum moves the data in a Tested Iallreduce: with
+    MPICH. Open MPI keeps the blocking Allreduce: its non-blocking
+    collectives advance a rank's rounds only while the other ranks call
+    into the library, so a worker whose share was still in flight waited
+    through the master's whole evaluation (1 s in one block, measured under
+    mpiexec -n 2 bound to cores; tests/mpi/test_trainer_mpi.py)."""
+    global _NONBLOCKING
+    if _NONBLOCKING is None:
+        _NONBLOCKING = MPI is not None and "Open MPI" not in MPI.Get_library_version()
+    return _NONBLOCKING
+
+
+_NONBLOCKING = None
 
 
 def _on_host(a):

@@ -34,8 +34,8 @@ WATCHDOG_GRACE_S = 2.0      # the in-Allreduce timer fires this much after the l
 class Alarm:
     """One daemon thread for the whole run that calls fire(*args) once an
     armed deadline passes, unless disarmed before: the master's guard over
-    the block's reduction (a rank stopped inside it), armed per block (per step in ssgd) without
-    starting a thread each time."""
+    the block's reduction (a rank stopped inside it), armed per block (per
+    step in ssgd) without starting a thread each time."""
 
     def __init__(self):
         import threading

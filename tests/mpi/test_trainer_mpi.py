@@ -451,8 +451,13 @@ def test_a_long_evaluation_is_carried_across_waits_in_block_order(dataset, monke
     it: no block's wall time takes the evaluation, the metrics lines stay
     in block order with the validation figures on the due blocks, every
     checkpoint is confirmed, and z is that of the run with quick
-    evaluations."""
+    evaluations. The workers take 30 ms a block more than their 10 ms of
+    compute, so the master waits in every block: with a master as slow as
+    its workers (its own per-block work is a few ms; more on a loaded
+    machine) there are no waits to carry the evaluation into, and the next
+    due evaluation finishes it first, by design."""
     from ibtmpi import serial
+    from ibtmpi.testing import slow_worker
     extra = ("run.eval_every=12", "run.passes=9")      # >= 27 blocks at N = 1..3
     quick = Trainer(make_cfg(dataset, "ibt", extra=extra), log=lambda m: None)
     quick.run()
@@ -465,6 +470,7 @@ def test_a_long_evaluation_is_carried_across_waits_in_block_order(dataset, monke
             time.sleep(0.1)
             yield
     monkeypatch.setattr(serial, "evaluate_steps", slow)
+    slow_worker(monkeypatch, 0.03)
     t = Trainer(make_cfg(dataset, "ibt", extra=extra), log=lambda m: None)
     t.run()
     assert t.z.tobytes() == quick.z.tobytes()

@@ -52,6 +52,7 @@ def main(argv=None):
     if MPI is None:
         raise SystemExit(f"bench_allreduce_wait.py needs MPI: {comm.MISSING}")
     w = MPI.COMM_WORLD
+    comm.node_rank_size(w)        # as the trainer does at start: do ranks share cores?
     ways = {
         "blocking": lambda s, r: w.Allreduce(s, r, op=MPI.SUM),
         "nonblocking": lambda s, r: nonblocking(w, s, r),
@@ -81,7 +82,8 @@ def main(argv=None):
                               for k in ways}))
     if w.Get_rank() == 0:
         lib = MPI.Get_library_version().strip().splitlines()[0][:60]
-        print(f"{lib}; {w.Get_size()} ranks; median of {a.reps}, ms (rank 0 CPU ms)")
+        shared = "sharing cores" if comm.cores_shared() else "a core each"
+        print(f"{lib}; {w.Get_size()} ranks ({shared}); median of {a.reps}, ms (rank 0 CPU ms)")
         print("| bytes | " + " | ".join(ways) + " | nonblocking / arrival | "
               "arrival / arrival+blocking |")
         print("|---|" + "---|" * (len(ways) + 2))

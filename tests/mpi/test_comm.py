@@ -116,10 +116,8 @@ def test_allreduce_moves_the_data_once_every_rank_has_arrived():
     comm.allreduce_sum(x, y, rec, work=work if me == 0 else None,
                        sleep_max=0.2 if me == 0 else 0.0005, count=False)
     assert (y == n * (n + 1) // 2).all()
-    way, other = (("Iallreduce", "Allreduce") if comm.nonblocking_reduce()
-                  else ("Allreduce", "Iallreduce"))          # Open MPI: blocking
-    assert rec.calls.count(way) == 1 and other not in rec.calls
-    assert rec.calls.index("Ibarrier") < rec.calls.index(way)
+    assert rec.calls.count("Iallreduce") == 1 and "Allreduce" not in rec.calls
+    assert rec.calls.index("Ibarrier") < rec.calls.index("Iallreduce")
     if me == 0:
         assert len(jobs) == 5
         assert comm.STATS["wait_s"] - wait0 > 0.45
@@ -131,11 +129,8 @@ def test_a_rank_late_inside_the_reduction_is_waited_for_with_naps():
     (here: sleeps 1.5 s between the barrier and its Iallreduce, as
     SIGSTOP does): the others Test back to back for the spin budget, then
     nap (little CPU), and get the right sum; a reduction that had to nap
-    does not raise the budget. (Open MPI keeps the blocking Allreduce:
-    comm.nonblocking_reduce.)"""
+    does not raise the budget."""
     import time
-    if not comm.nonblocking_reduce():
-        pytest.skip("Open MPI: the blocking Allreduce (comm.nonblocking_reduce)")
     n, me = W.Get_size(), W.Get_rank()
     x = np.full(2 ** 16, me + 1, np.float32)
     y = np.empty_like(x)
@@ -150,3 +145,40 @@ def test_a_rank_late_inside_the_reduction_is_waited_for_with_naps():
         assert wall > 1.2
         assert cpu < 0.3 * wall, f"rank 0 used {cpu:.2f} s CPU in {wall:.2f} s"
         assert comm.STATS["reduce_max_s"] == top
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_ranks_share_cores_where_their_affinity_masks_hold_fewer(monkeypatch, overlap):
+    """node_rank_size records whether the node's ranks outnumber the union
+    of their affinity masks: every rank on core 0 shares; a core each (the
+    launcher's binding, or a node with cores to spare) does not. The test
+    ranks all run on one node."""
+    import os
+    me = W.Get_rank()
+    monkeypatch.setattr(comm, "_CORES_SHARED", None)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0} if overlap else {me})
+    assert comm.node_rank_size()[1] == W.Get_size()
+    assert comm.cores_shared() is (overlap and W.Get_size() > 1)
+
+
+class _Request:
+    """Completes on its k-th Test."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def Test(self):
+        self.k -= 1
+        return self.k <= 0
+
+
+@pytest.mark.parametrize("shared,yields", [(True, 4), (None, 4), (False, 0)])
+def test_quick_tests_give_up_the_core_only_where_ranks_share_cores(monkeypatch, shared, yields):
+    """quiet_wait's quick Tests: a sched_yield after each where the ranks
+    share cores (or node_rank_size never ran), none where each has a core
+    of its own (a yield would hand it to other work on the node)."""
+    calls = []
+    monkeypatch.setattr(comm, "_CORES_SHARED", shared)
+    monkeypatch.setattr(comm.os, "sched_yield", lambda: calls.append(1))
+    assert comm.quiet_wait(_Request(5), 10.0, 0.005) is False
+    assert len(calls) == yields

@@ -170,6 +170,7 @@ LAUNCHING = ["tests/unit/test_faults.py", "tests/unit/test_launcher.py",
              "tests/unit/test_device_ranks.py", "tests/unit/test_gpu_check.py",
              "tests/unit/test_gpu_e2e.py",
              "tests/unit/test_memory.py",
+             "tests/unit/test_hangs.py::test_a_stopped_master_is_found_by_the_workers",
              "tests/unit/test_hangs.py::"
              "test_no_rank_spins_while_a_worker_is_stopped_inside_the_allreduce",
              "tests/unit/test_bench.py::test_bench_run_starts_real_mpi_jobs_and_reports"]

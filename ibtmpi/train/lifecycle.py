@@ -31,11 +31,34 @@ WATCHDOG_FLOOR_S = float(os.environ.get("IBTMPI_WATCHDOG_FLOOR_S", "60"))
 WATCHDOG_GRACE_S = 2.0      # the in-Allreduce timer fires this much after the limit
 
 
+FROZEN_GAP_S = 5.0    # a look at the clock this much later than due: this process was stopped
+
+
+class OwnClock:
+    """Seconds since it was made that this process ran: a gap between two
+    looks longer than FROZEN_GAP_S is time it was stopped itself (SIGSTOP,
+    a debugger) and does not count. A rank that was stopped and then
+    continued (Open MPI continues the ranks it is about to end after
+    another rank's Abort) does not blame the others for its own stop."""
+
+    def __init__(self):
+        self.t0 = self.last = time.monotonic()
+
+    def __call__(self):
+        now = time.monotonic()
+        if now - self.last > FROZEN_GAP_S:
+            self.t0 += now - self.last
+        self.last = now
+        return now - self.t0
+
+
 class Alarm:
     """One daemon thread for the whole run that calls fire(*args) once an
     armed deadline passes, unless disarmed before: the master's guard over
     the block's reduction (a rank stopped inside it), armed per block (per
-    step in ssgd) without starting a thread each time."""
+    step in ssgd) without starting a thread each time. It looks at the
+    clock every second; time this process was stopped does not count
+    (OwnClock)."""
 
     def __init__(self):
         import threading
@@ -57,8 +80,15 @@ class Alarm:
         while True:
             with self._cv:
                 while self._due is None or time.monotonic() < self._due:
-                    self._cv.wait(None if self._due is None
-                                  else self._due - time.monotonic())
+                    if self._due is None:
+                        self._cv.wait()
+                        continue
+                    t = time.monotonic()
+                    step = min(1.0, self._due - t)
+                    self._cv.wait(step)
+                    late = time.monotonic() - t - step
+                    if late > FROZEN_GAP_S and self._due is not None:
+                        self._due += late          # stopped itself meanwhile
                 fire, args = self._call
                 self._due = None
             fire(*args)

@@ -273,3 +273,34 @@ def test_the_allreduce_alarm_fires_once_past_its_deadline_and_not_when_disarmed(
         a.disarm()
     assert not ev.wait(0.4) and len(fired) == 1
     assert sum(t.name == "allreduce-alarm" for t in threading.enumerate()) >= 1
+
+
+def test_time_this_process_was_stopped_does_not_count_against_the_others(monkeypatch):
+    """A rank stopped itself (SIGSTOP, then continued: Open MPI continues
+    the ranks it ends after another rank's Abort) must not blame the others
+    for the time it was stopped: the watchdog's clock (OwnClock) and the
+    Alarm leave out a gap of more than FROZEN_GAP_S between two looks at
+    the clock. Here the clock jumps 10 s, as after a stop."""
+    import threading
+    import time
+
+    from ibtmpi.train import lifecycle
+    real, jump = lifecycle.time.monotonic, [0.0]
+
+    class Clock:
+        @staticmethod
+        def monotonic():
+            return real() + jump[0]
+    monkeypatch.setattr(lifecycle, "time", Clock)
+    own = lifecycle.OwnClock()
+    jump[0] = 3.0                           # a long slice of work: counts
+    assert 3.0 <= own() < 3.5
+    jump[0] = 13.0                          # stopped for 10 s: does not
+    assert 3.0 <= own() < 3.5
+    fired, ev = [], threading.Event()
+    a = lifecycle.Alarm()
+    a.arm(1.2, lambda *x: (fired.append(x), ev.set()), 1)
+    time.sleep(0.3)
+    jump[0] = 23.0                          # stopped for 10 s while armed
+    assert not ev.wait(0.6) and not fired   # 10 s past its deadline, but stopped
+    assert ev.wait(3) and fired == [(1,)]   # fires once it ran its 1.2 s

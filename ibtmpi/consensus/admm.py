@@ -9,6 +9,11 @@ the primal residual. ``ProxAlgorithm`` below is the dual algorithms'
 shared local objective: admm composes it with the ``average`` outer
 optimizer (outer.py), ibt with ``sgd``; the prox centre is the outer
 optimizer's start point (z for ``average``).
+With another outer optimizer the duals measured against its z sum to
+N*(c*S - z) = N*((1 - zeta)*G - eta*v): S hands that back the next block,
+so the outer step taken is not the one set. ``algorithm.centred_duals``
+measures them against the mean c*S instead (``zbar``; U is then 0 but for
+rounding), and for ``average``, where z is that mean, changes nothing.
 Tests: tests/unit/test_consensus.py (convergence to the centralised optimum
 of a convex problem), tests/mpi/test_trainer_mpi.py.
 """
@@ -34,6 +39,9 @@ declare(
     Key("over_relaxation", 1.0, "alpha in [1, 1.8] (admm, ibt)",
         check=lambda v: 1.0 <= v <= 1.8, why="{where} must be in [1, 1.8]", tunable=True),
     Key("dual_reset", False, "zero the duals at every block", tunable=True),
+    Key("centred_duals", False, "ibt: the duals follow the consensus mean (ADMM's z-update), "
+        "not the outer step's point, so they sum to zero and the outer step alone moves z",
+        added=True, tunable=True),
 )
 
 
@@ -48,6 +56,10 @@ class ProxAlgorithm(BlockAlgorithm):
     def setup(self, z0, a):
         self.U = np.zeros_like(z0)        # sum of the workers' duals
         self.alpha_or = float(a["over_relaxation"])
+        # centred duals: the consensus mean of the block (no state: every
+        # update writes it before the workers' worker_end reads it)
+        centred = bool(a["centred_duals"]) and self.outer.name != "average"
+        self.zbar = np.zeros_like(z0) if centred else None
 
     def centre(self):
         return self.start_point()
@@ -84,14 +96,22 @@ class ProxAlgorithm(BlockAlgorithm):
             U.fill(0)                    # workers zeroed their u this block
         return S - U
 
-    def _track_duals(self, S, sl):
-        np.subtract(S, self.dtype.type(self.n) * self.z[sl], out=self.U[sl])
+    def _track_duals(self, S, sl, c):
+        """U = S - N*t, t the point the duals are measured against: z, or
+        with centred duals the consensus mean c*S (then U is 0 but for
+        rounding)."""
+        t = self.z
+        if self.zbar is not None:
+            t = self.zbar
+            np.multiply(S, self.dtype.type(c), out=t[sl])
+        np.subtract(S, self.dtype.type(self.n) * t[sl], out=self.U[sl])
 
     def rescale_duals(self, scale):
         self.U *= self.dtype.type(scale)
 
     def worker_end(self, ws, w):
-        dual_update(ws.u, ws.w_hat, self.z, self.rho_scale)
+        dual_update(ws.u, ws.w_hat, self.z if self.zbar is None else self.zbar,
+                    self.rho_scale)
 
 
 @register
@@ -110,5 +130,5 @@ class ADMM(ProxAlgorithm):
         n = self.n
         scale = n * self.rho / (self.l2 + n * self.rho)
         self.outer.step(S, scale / n, sl)         # the mean: z's minimiser
-        self._track_duals(S, sl)
+        self._track_duals(S, sl, scale / n)
         return sum_w

@@ -55,6 +55,7 @@ CASES = [("admm", ()), ("bmuf", ()), ("ibt", ()), ("ma", ()), ("easgd", ()),
          ("admm", ("algorithm.adaptive_rho=true", "algorithm.over_relaxation=1.5")),
          ("ibt", ("algorithm.warmup_steps=3", "algorithm.dual_reset=true")),
          ("ibt", ("optim.schedule=cosine", "optim.warmup_passes=0.5")),
+         ("ibt", ("algorithm.centred_duals=true", "algorithm.block_lr=0.7")),
          ("ssgd", ("optim.schedule=step", "optim.milestones=[0.5, 1.0]")),
          # BatchNorm's running statistics ride in the same Allreduce
          ("ibt", ("model.layers=resnet8",)),

@@ -80,6 +80,69 @@ def test_model_averaging_and_bmuf_algebra():
     np.testing.assert_allclose(b.z, [4, 4, 4])
 
 
+@pytest.mark.parametrize("centred", [False, True])
+def test_ibt_centred_duals_leave_the_move_to_the_outer_step(centred):
+    """ibt's duals ride in S. Measured against the outer step's point z,
+    they sum to N*((1 - zeta)*G - eta*v_before): the part of the consensus
+    move the outer step did not take, less its last momentum, which S hands
+    back the next block, so ibt does not take the outer step it is set to.
+    Centred (measured against the consensus mean), they sum to zero, and
+    the same worker moves give ibt bmuf's z, block after block."""
+    n, P = 4, 6
+    rng = np.random.default_rng(3)
+    z0 = rng.standard_normal(P)
+    a = {"block_lr": 0.7, "block_momentum": 0.5, "nesterov": True, "rho": 0.01,
+         "centred_duals": centred}
+    ibt, bm = make_consensus("ibt", z0, n, a), make_consensus("bmuf", z0, n, a)
+    assert (ibt.zbar is not None) == centred
+    states = [WorkerState(P, np.dtype(np.float64), "ibt") for _ in range(n)]
+    for blk in range(5):
+        moves = [rng.standard_normal(P) for _ in range(n)]
+        S_i, S_b, out = np.zeros(P), np.zeros(P), np.zeros(P)
+        for st, d in zip(states, moves):
+            ibt.contribution(st, ibt.start_point() + d, out)
+            S_i += out
+            S_b += bm.start_point() + d
+        G = S_i / n - ibt.start_point()
+        v_before = ibt.outer.v.copy()
+        ibt.update(S_i, 0.0)
+        bm.update(S_b, 0.0)
+        for st in states:
+            ibt.worker_end(st, None)
+        u_sum = sum(st.u for st in states)
+        np.testing.assert_allclose(ibt.U, u_sum, atol=1e-12)
+        if centred:
+            np.testing.assert_allclose(u_sum, 0.0, atol=1e-12)
+            np.testing.assert_allclose(ibt.z, bm.z, rtol=0, atol=1e-12)
+        else:
+            np.testing.assert_allclose(u_sum, n * (0.3 * G - 0.5 * v_before), atol=1e-12)
+    if not centred:
+        assert np.abs(ibt.z - bm.z).max() > 0.1
+
+
+def test_centred_duals_change_nothing_for_admm():
+    """admm's z is the consensus mean: centring its duals is the same
+    arithmetic, bit for bit."""
+    n, P = 3, 5
+    rng = np.random.default_rng(4)
+    runs = [make_consensus("admm", np.zeros(P), n, {"rho": 0.1, "centred_duals": c})
+            for c in (False, True)]
+    assert runs[1].zbar is None
+    sts = [[WorkerState(P, np.dtype(np.float64), "admm") for _ in range(n)] for _ in runs]
+    for blk in range(3):
+        ws = [rng.standard_normal(P) for _ in range(n)]
+        for c, states in zip(runs, sts):
+            S, out = np.zeros(P), np.zeros(P)
+            for st, w in zip(states, ws):
+                c.contribution(st, w, out)
+                S += out
+            c.update(S, 0.0)
+            for st in states:
+                c.worker_end(st, None)
+    assert runs[0].z.tobytes() == runs[1].z.tobytes()
+    assert all(a.u.tobytes() == b.u.tobytes() for a, b in zip(*sts))
+
+
 def test_easgd_pull_is_symmetric():
     z0 = np.zeros(2)
     e = make_consensus("easgd", z0, 2, {"easgd_beta": 0.5})     # alpha = 0.25

@@ -91,7 +91,8 @@ OLD_ADDED = {"optim": {"schedule", "milestones", "gamma", "decay_passes", "final
                        "warmup_passes", "name", "betas", "eps", "reset_state", "clip_norm"},
              "algorithm": {"outer", "outer_schedule"}, "data": {"normalize"}}
 # keys added since the schema (each at its default leaves the digest as it was)
-NEW_KEYS = {"algorithm": {"overshoot_backoff"}, "optim": {"backbone_lr_scale"}}
+NEW_KEYS = {"algorithm": {"overshoot_backoff", "centred_duals"},
+            "optim": {"backbone_lr_scale"}}
 for _s, _k in NEW_KEYS.items():
     OLD_ADDED[_s] = OLD_ADDED[_s] | _k
 OLD_TUNABLE = {"optim": {"lr", "momentum", "weight_decay", "nesterov", "reset_momentum",

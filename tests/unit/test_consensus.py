@@ -224,7 +224,7 @@ class _Device(np.ndarray):
     path), as a GPU worker's CuPy arrays are."""
 
 
-@pytest.mark.parametrize("algo", BLOCK)
+@pytest.mark.parametrize("algo", BLOCK + ["ibt-centred"])
 def test_chunked_host_update_equals_the_whole_vector_one(algo):
     """The host update runs chunk by chunk (over threads); a GPU worker's
     runs on whole vectors. z, U and the momentum must be bitwise the same
@@ -235,6 +235,8 @@ def test_chunked_host_update_equals_the_whole_vector_one(algo):
     rng = np.random.default_rng(7)
     z0 = rng.standard_normal(P).astype(np.float32)
     acfg = {"rho": 0.05, "adaptive_rho": True, "rho_mu": 1.5}
+    if algo == "ibt-centred":
+        algo, acfg = "ibt", {**acfg, "centred_duals": True, "block_lr": 0.7}
     runs = [make_consensus(algo, z0.view(_Device), n, acfg, to_host=np.asarray),
             make_consensus(algo, z0, n, acfg), make_consensus(algo, z0, n, acfg, threads=3)]
     for blk in range(4):
@@ -246,7 +248,8 @@ def test_chunked_host_update_equals_the_whole_vector_one(algo):
             assert diags[0] == diags[1], (blk, diags)
         else:                         # diagnostics only: the device sums whole
             assert diags[0] == pytest.approx(diags[1], rel=1e-12), (blk, diags)
-        for name in runs[0].vectors + ("z_prev",):     # z, and zg, v, U where kept
+        centred = ("zbar",) if getattr(runs[0], "zbar", None) is not None else ()
+        for name in runs[0].vectors + ("z_prev",) + centred:   # z, and zg, v, U where kept
             got = [np.asarray(getattr(c, name)).tobytes() for c in runs]
             assert got[0] == got[1] == got[2], (blk, name)
     assert runs[1]._pool is None and runs[2]._pool is not None

@@ -170,7 +170,8 @@ def test_vector_updates(g):
 @pytest.mark.parametrize("algo,acfg", [
     ("ma", {}), ("admm", {"l2": 1e-3}), ("bmuf", {}), ("ibt", {}), ("easgd", {}),
     ("admm", {"adaptive_rho": True, "over_relaxation": 1.5, "rho_mu": 1.01}),
-    ("ibt", {"adaptive_rho": True, "rho_mu": 1.01})])
+    ("ibt", {"adaptive_rho": True, "rho_mu": 1.01}),
+    ("ibt", {"centred_duals": True, "block_lr": 0.7})])
 def test_device_consensus_is_bitwise_the_host_consensus(g, algo, acfg):
     """run.cuda_aware = on keeps a worker's consensus on its GPU while the
     master's stays on the host: z must not differ by a single bit (one

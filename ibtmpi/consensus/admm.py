@@ -64,6 +64,19 @@ class ProxAlgorithm(BlockAlgorithm):
     def centre(self):
         return self.start_point()
 
+    def describe_outer(self, schedule="none"):
+        line = super().describe_outer(schedule)
+        if line is None:
+            return None
+        if self.zbar is not None:
+            return line + "; duals centred on the consensus mean"
+        zeta = float(getattr(self.outer, "zeta", 1.0))
+        if zeta != 1.0:        # docs/design.md section 3
+            line += (f"; the duals, measured against z, hand {1 - zeta:.3g} of each "
+                     f"consensus move back a block later (algorithm.centred_duals = true "
+                     f"takes the step as set)")
+        return line
+
     def worker_begin(self, ws, w):
         if self.dual_reset:
             ws.u.fill(0)

@@ -118,6 +118,10 @@ def test_ibt_centred_duals_leave_the_move_to_the_outer_step(centred):
             np.testing.assert_allclose(u_sum, n * (0.3 * G - 0.5 * v_before), atol=1e-12)
     if not centred:
         assert np.abs(ibt.z - bm.z).max() > 0.1
+    line = ibt.describe_outer()
+    assert line.startswith("outer step: sgd (eta 0.5, zeta 0.7, Nesterov")
+    assert line.endswith("duals centred on the consensus mean") == centred
+    assert ("hand 0.3 of each consensus move back" in line) != centred
 
 
 def test_centred_duals_change_nothing_for_admm():

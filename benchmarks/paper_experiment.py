@@ -45,8 +45,8 @@ def grid(a):
               f"data.block_size={a.block}", f"optim.schedule={a.schedule}",
               f"run.threads={a.threads}", *a.set]
     jobs = []
-    for sd in range(a.seeds):
-        algos = [x for x in a.algos if x != "bmuf" or sd < a.bmuf_seeds]
+    for i, sd in enumerate(a.seed_ids):
+        algos = [x for x in a.algos if x != "bmuf" or i < a.bmuf_seeds]
         cells = [("sgd", 1)] + [(x, n) for n in a.ns for x in algos]
         seed = [f"model.seed={sd}", f"data.seed={sd}"] if sd else []
         jobs += [(f"t2-{x}-{n}" + (f"-s{sd}" if sd else ""), x, n, common + seed)
@@ -82,7 +82,7 @@ def recipe_grid(a):
     common = [f"run.passes={a.passes:g}", f"data.block_size={a.block}",
               f"optim.schedule={a.schedule}", f"run.threads={a.threads}", *a.set]
     jobs = []
-    for sd in range(a.seeds):
+    for sd in a.seed_ids:
         seed = [f"model.seed={sd}", f"data.seed={sd}"] if sd else []
         tail = f"-s{sd}" if sd else ""
         jobs.append((f"base-sgd-1{tail}", "sgd", 1, common + [f"data.batch={a.batch}"] + seed))
@@ -108,10 +108,10 @@ def recipe_table(a, jobs, hold):
             right[d] = bench._right(d, x, y)
         return right[d]
     done = lambda d: os.path.isfile(os.path.join(d, "summary.json"))   # noqa: E731
-    md = [f"| recipe | algorithm | " + " | ".join(f"N={n}" for n in a.ns) + " |",
+    md = ["| recipe | algorithm | " + " | ".join(f"N={n}" for n in a.ns) + " |",
           "|---|---|" + "---|" * len(a.ns)]
-    bases = {sd: os.path.join(a.out, f"base-sgd-1" + (f"-s{sd}" if sd else ""))
-             for sd in range(a.seeds)}
+    bases = {sd: os.path.join(a.out, "base-sgd-1" + (f"-s{sd}" if sd else ""))
+             for sd in a.seed_ids}
     b = [correct(d).mean() for d in bases.values() if done(d)]
     md.insert(0, f"N = 1 (sgd): held-out accuracy {np.mean(b):.4f} (n={len(b)})\n"
               if b else "N = 1 (sgd): not finished\n")
@@ -119,7 +119,7 @@ def recipe_table(a, jobs, hold):
         cells = []
         for n in a.ns:
             dirs = {sd: os.path.join(a.out, f"{name}-{algo}-{n}" + (f"-s{sd}" if sd else ""))
-                    for sd in range(a.seeds)}
+                    for sd in a.seed_ids}
             ok = [sd for sd, d in dirs.items() if done(d) and done(bases[sd])]
             bad = sum(os.path.isfile(os.path.join(d, f)) for d in dirs.values()
                       for f in ("diverged.json", "failed.json"))
@@ -163,6 +163,9 @@ def main(argv=None):
     p.add_argument("--ns", default="10,20,40")
     p.add_argument("--algos", default="admm,ibt,bmuf")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed-list", metavar="S,S,...",
+                   help="these seeds instead of 0 .. --seeds - 1 (e.g. 2: the third "
+                        "seed of a grid whose first two ran elsewhere)")
     p.add_argument("--bmuf-seeds", type=int, default=None,
                    help="seeds that run bmuf (default all)")
     p.add_argument("--passes", type=float, default=20)
@@ -184,12 +187,20 @@ def main(argv=None):
     a = p.parse_args(argv)
     a.ns = [int(n) for n in a.ns.split(",") if n]
     a.algos = [x for x in a.algos.split(",") if x]
+    try:
+        a.seed_ids = ([int(x) for x in a.seed_list.split(",") if x] if a.seed_list
+                      else list(range(a.seeds)))
+    except ValueError:
+        p.error(f"--seed-list: seeds as integers, comma-separated; got {a.seed_list!r}")
+    a.seeds = len(a.seed_ids)
     a.bmuf_seeds = a.seeds if a.bmuf_seeds is None else a.bmuf_seeds
     a.threads = a.threads or max(1, (os.cpu_count() or 1) // a.streams)
     bad = [x for x in a.algos + [r[1] for r in a.recipe]
            if x not in bench.ALGORITHMS or bench.ALGORITHMS[x].single_worker]
-    if bad or a.streams < 1 or a.seeds < 1 or not a.ns or min(a.ns) < 2:
-        p.error(f"--algos: block methods ({bad or 'ok'}); --streams, --seeds >= 1; --ns >= 2")
+    if (bad or a.streams < 1 or a.seeds < 1 or min(a.seed_ids) < 0 or not a.ns
+            or min(a.ns) < 2):
+        p.error(f"--algos: block methods ({bad or 'ok'}); --streams, --seeds >= 1; "
+                f"seeds >= 0; --ns >= 2")
     os.makedirs(a.out, exist_ok=True)
     lock = threading.Lock()
 

@@ -197,3 +197,18 @@ def test_paper_experiment_recipe_study(small_dataset, tmp_path):
     bad = subprocess.run(cmd[:-4] + ["--recipe", "noalgo"], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "NAME=ALGO" in bad.stderr
+    # --seed-list: seed 1 alone (as a later session adds a grid's third
+    # seed): its own N = 1 run and the recipe at seed 1, nothing of seed 0
+    # rerun, and the table over that seed only
+    one = cmd[:-4] + ["--ns", "2", "--seed-list", "1", "--recipe", "plain=ma"]
+    r = subprocess.run(one, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert sorted(os.listdir(out)) == sorted(names + ["report", "base-sgd-1-s1",
+                                                      "plain-ma-2-s1"])
+    with open(out / "plain-ma-2-s1" / "config.toml", "rb") as f:
+        cfg = tomllib.load(f)
+    assert (cfg["model"]["seed"], cfg["data"]["seed"], cfg["run"]["simulate"]) == (1, 1, 2)
+    assert ": start" not in "".join(l for l in r.stdout.splitlines() if "-s1" not in l)
+    bad = subprocess.run(one[:-2] + ["--seed-list", "x"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "--seed-list" in bad.stderr

@@ -39,11 +39,15 @@ def derive(cfg, n, split):
     if o["name"] != "sgd":
         return []              # the study measured the sgd local optimizer only
     batch = LOCAL_BATCH if split <= SMALL_SPLIT else cfg["data"]["batch"]
-    return [("data.batch", batch),
-            ("optim.warmup_passes", WARMUP_PASSES),
-            ("optim.clip_norm", CLIP_NORM),
-            ("optim.reset_momentum", RESET_MOMENTUM),
-            ("optim.lr", scaled_lr(o["lr"], n))]
+    out = [("data.batch", batch),
+           ("optim.warmup_passes", WARMUP_PASSES),
+           ("optim.clip_norm", CLIP_NORM),
+           ("optim.reset_momentum", RESET_MOMENTUM),
+           ("optim.lr", scaled_lr(o["lr"], n))]
+    outer = cls.default_outer if a["outer"] == "auto" else a["outer"]
+    if getattr(cls, "dual", False) and outer not in (None, "average"):
+        out.append(("algorithm.centred_duals", CENTRED_DUALS))   # ibt; admm: a no-op
+    return out
 
 
 def scaled_lr(lr, n):
@@ -62,6 +66,7 @@ WARMUP_PASSES = 1.0      # linear lr warm-up over the first pass
 CLIP_NORM = 5.0          # the loss gradient's L2 norm, clipped
 RESET_MOMENTUM = False   # a worker keeps its local momentum across the syncs: 15.5
                          # steps a block at N = 40 are too few to build it up anew
+CENTRED_DUALS = True     # ibt: the duals sum to zero, the outer step alone moves z
 # optim.lr: scaled_lr (the configured lr x sqrt(N / MIN_WORKERS))
 
 

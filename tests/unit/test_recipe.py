@@ -23,12 +23,19 @@ def test_auto_derives_the_documented_values_at_the_papers_block():
             ("optim.warmup_passes", recipe.WARMUP_PASSES),
             ("optim.clip_norm", recipe.CLIP_NORM),
             ("optim.reset_momentum", recipe.RESET_MOMENTUM)]
-    # the local lr: the configured 0.02 x sqrt(N / 10)
-    assert recipe.derive(c, 10, 496) == want + [("optim.lr", 0.02)]
-    assert recipe.derive(c, 20, 248) == want + [("optim.lr", 0.0282843)]
-    assert recipe.derive(c, 40, 124) == want + [("optim.lr", 0.04)]
+    # the local lr: the configured 0.02 x sqrt(N / 10); ibt's duals centred
+    cd = [("algorithm.centred_duals", True)]
+    assert recipe.derive(c, 10, 496) == want + [("optim.lr", 0.02)] + cd
+    assert recipe.derive(c, 20, 248) == want + [("optim.lr", 0.0282843)] + cd
+    assert recipe.derive(c, 40, 124) == want + [("optim.lr", 0.04)] + cd
     assert (recipe.LOCAL_BATCH, recipe.WARMUP_PASSES, recipe.CLIP_NORM,
-            recipe.RESET_MOMENTUM) == (8, 1.0, 5.0, False)
+            recipe.RESET_MOMENTUM, recipe.CENTRED_DUALS) == (8, 1.0, 5.0, False, True)
+    # centring is ibt's: admm (z is the mean: a no-op), bmuf (no duals) and
+    # ibt with the outer step swapped for averaging get the rest alone
+    for sets in (["algorithm.name=admm"], ["algorithm.name=bmuf"],
+                 ["algorithm.outer=average"]):
+        assert recipe.derive(_cfg("data.block_size=4960", "data.batch=31", *sets),
+                             40, 124) == want + [("optim.lr", 0.04)], sets
     # a split too large for the small batch keeps its batch
     assert dict(recipe.derive(c, 10, 2480))["data.batch"] == 31
     # below the measured N: the defaults
@@ -43,13 +50,16 @@ def test_the_users_values_win():
     c = _cfg("data.batch=31", "optim.clip_norm=0")
     out, done = recipe.apply(c, 40, 124)
     assert done == [("optim.warmup_passes", 1.0), ("optim.reset_momentum", False),
-                    ("optim.lr", 0.04)]
+                    ("optim.lr", 0.04), ("algorithm.centred_duals", True)]
+    assert dict(recipe.apply(_cfg("algorithm.centred_duals=false"), 40, 124)[1]).keys() == {
+        "data.batch", "optim.warmup_passes", "optim.clip_norm", "optim.reset_momentum",
+        "optim.lr"}
     assert out["data"]["batch"] == 31 and out["optim"]["clip_norm"] == 0.0
     assert c["optim"]["warmup_passes"] == 0.0           # the caller's config is untouched
     line = recipe.describe(40, done)
     assert line.startswith("algorithm.recipe auto for N = 40: optim.warmup_passes = 1")
-    assert line.endswith("optim.lr = 0.04 (a value you set wins; algorithm.recipe = none: "
-                         "the plain defaults)")
+    assert line.endswith("optim.lr = 0.04, algorithm.centred_duals = true (a value you set "
+                         "wins; algorithm.recipe = none: the plain defaults)")
     out, done = recipe.apply(_cfg("optim.lr=0.01"), 40, 124)
     assert out["optim"]["lr"] == 0.01 and "optim.lr" not in dict(done)
     assert recipe.describe(40, []) is None
@@ -67,11 +77,14 @@ def test_a_run_logs_writes_and_resumes_its_recipe(small_dataset, tmp_path):
     line = [m for m in logs if m.startswith("algorithm.recipe auto for N = 10")]
     assert line and "data.batch = 8" in line[0] and "optim.clip_norm = 5" in line[0]
     assert "optim.reset_momentum = false" in line[0]
+    assert "algorithm.centred_duals = true" in line[0]
+    assert any(m.startswith("outer step: ") and "duals centred on the consensus mean" in m
+               for m in logs)
     with open(os.path.join(tmp_path, "r", "config.toml"), "rb") as f:
         saved = tomllib.load(f)
     assert (saved["data"]["batch"], saved["optim"]["warmup_passes"],
-            saved["optim"]["clip_norm"], saved["optim"]["reset_momentum"]) == (8, 1.0, 5.0,
-                                                                              False)
+            saved["optim"]["clip_norm"], saved["optim"]["reset_momentum"],
+            saved["algorithm"]["centred_duals"]) == (8, 1.0, 5.0, False, True)
     # the same command for 2 passes resumes (the derived values hash alike)
     # and equals the uninterrupted 2-pass run
     logs = []
@@ -102,9 +115,11 @@ def test_the_dry_run_names_what_the_recipe_sets(small_dataset, tmp_path, capsys)
     assert main(args) == 0
     out = capsys.readouterr().out
     assert ("algorithm.recipe auto for N = 10: data.batch = 8, optim.warmup_passes = 1, "
-            "optim.reset_momentum = false (a value you set wins") in out
+            "optim.reset_momentum = false, algorithm.centred_duals = true (a value you set "
+            "wins") in out
     assert "split 16 per worker (block 160), batch 8" in out
-    assert "outer step: sgd (eta 0.25, zeta 1, Nesterov: gain 1.67)" in out
+    assert ("outer step: sgd (eta 0.25, zeta 1, Nesterov: gain 1.67)" in out
+            and "duals centred on the consensus mean" in out)
     assert main(args + ["--set", "algorithm.recipe=none"]) == 0
     out = capsys.readouterr().out
     assert "algorithm.recipe" not in out and "batch 32" in out

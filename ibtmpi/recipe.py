@@ -44,9 +44,9 @@ def derive(cfg, n, split):
            ("optim.clip_norm", CLIP_NORM),
            ("optim.reset_momentum", RESET_MOMENTUM),
            ("optim.lr", scaled_lr(o["lr"], n))]
-    outer = cls.default_outer if a["outer"] == "auto" else a["outer"]
-    if getattr(cls, "dual", False) and outer not in (None, "average"):
-        out.append(("algorithm.centred_duals", CENTRED_DUALS))   # ibt; admm: a no-op
+    # ibt: duals and an outer step (admm's z is the mean: nothing to centre)
+    if getattr(cls, "dual", False) and cls.outer_name(a) not in (None, "average"):
+        out.append(("algorithm.centred_duals", CENTRED_DUALS))
     return out
 
 

@@ -116,12 +116,17 @@ class BlockAlgorithm(Algorithm, metaclass=abc.ABCMeta):
         self.outer = self._new_outer(a)
         self.setup(z0, a)
 
+    @classmethod
+    def outer_name(cls, a):
+        """The outer optimizer's name algorithm.outer gives (auto: ours;
+        None: the algorithm moves z itself)."""
+        name = a.get("outer", "auto")
+        return cls.default_outer if name == "auto" else name
+
     def _new_outer(self, a):
         """The outer optimizer that moves z (algorithm.outer; auto: ours)."""
-        name = a.get("outer", "auto")
-        if name == "auto":
-            name = self.default_outer
-        elif self.default_outer is None:
+        name = self.outer_name(a)
+        if self.default_outer is None and name is not None:
             raise ValueError(f"algorithm {self.name!r} moves z itself: "
                              f"algorithm.outer must be auto, got {name!r}")
         if name is None:
